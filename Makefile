@@ -1,0 +1,29 @@
+# txhub: `make run` starts everything, `make test` proves it. Both set up what is missing first.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint bench setup down clean
+
+setup:
+	scripts/services.sh up
+
+run: setup
+	scripts/run.sh
+
+test:
+	scripts/test.sh $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+bench:
+	$(PY) bench/produce_consume.py
+
+down:
+	scripts/services.sh down
+
+clean: down
+	rm -rf var

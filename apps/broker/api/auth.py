@@ -1,0 +1,69 @@
+"""Bearer-token authentication and the contract's scopes."""
+
+from dataclasses import dataclass
+
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from apps.broker.models import ApiToken
+from apps.broker.services.registry import hash_token
+
+
+@dataclass(frozen=True)
+class TokenUser:
+    """The principal behind a request: a token's name and scopes."""
+
+    token_id: int
+    name: str
+    scopes: frozenset[str]
+    is_authenticated: bool = True
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def groups(self, kind: str) -> frozenset[str] | None:
+        """The groups this token may use for `kind` (produce/consume); None means all (admin)."""
+        if self.is_admin:
+            return None
+        prefix = kind + ":"
+        return frozenset(s[len(prefix) :] for s in self.scopes if s.startswith(prefix))
+
+    def can(self, kind: str, group: str) -> bool:
+        allowed = self.groups(kind)
+        return allowed is None or group in allowed
+
+
+class BearerTokenAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[TokenUser, ApiToken] | None:
+        parts = get_authorization_header(request).split()
+        if not parts or parts[0].lower() != b"bearer":
+            return None
+        if len(parts) != 2:
+            raise exceptions.AuthenticationFailed("The Authorization header must be 'Bearer <token>'.")
+        raw = parts[1].decode("latin-1")
+        # Looked up on every request: a revoked token fails at once, on every web process.
+        token = ApiToken.objects.filter(token_hash=hash_token(raw)).first()
+        if token is None or (token.revoked_at and token.revoked_at <= timezone.now()):
+            raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
+        return TokenUser(token.pk, token.name, frozenset(token.scopes)), token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="txhub"'
+
+
+def require(request: Request, kind: str, group: str) -> TokenUser:
+    """403 unless the token has the scope for this group (or admin)."""
+    user: TokenUser = request.user  # type: ignore[assignment]
+    if not user.can(kind, group):
+        raise exceptions.PermissionDenied(f"This token has no '{kind}:{group}' scope.")
+    return user
+
+
+def require_admin(request: Request) -> TokenUser:
+    user: TokenUser = request.user  # type: ignore[assignment]
+    if not user.is_admin:
+        raise exceptions.PermissionDenied("This needs a token with the 'admin' scope.")
+    return user

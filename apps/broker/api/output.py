@@ -1,0 +1,206 @@
+"""Output serializers: the JSON shapes of CONTRACT section 3 (and of the OpenAPI schema)."""
+
+import base64
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.broker.models import CommitLogEntry, Delivery, HalfMessage
+from apps.broker.services.consuming import Received, receipt_handle_of
+
+
+def body_fields(message: HalfMessage | CommitLogEntry) -> dict[str, str]:
+    """A message goes out with the body field it came in with."""
+    raw = bytes(message.body)
+    if message.body_is_binary:
+        return {"body_base64": base64.b64encode(raw).decode("ascii")}
+    return {"body": raw.decode("utf-8")}
+
+
+class BodyMixin(serializers.Serializer[Any]):
+    """Adds tags and exactly one of body / body_base64: the field the message was sent with."""
+
+    tags = serializers.SerializerMethodField()
+    body = serializers.SerializerMethodField(help_text="UTF-8 text, if it was sent as text")
+    body_base64 = serializers.SerializerMethodField(help_text="base64 bytes, if sent as bytes")
+
+    def _message(self, instance: Any) -> HalfMessage | CommitLogEntry:
+        return instance  # type: ignore[no-any-return]
+
+    def get_tags(self, instance: Any) -> str | None:
+        return self._message(instance).tags or None
+
+    def get_body(self, instance: Any) -> str | None:
+        message = self._message(instance)
+        return None if message.body_is_binary else bytes(message.body).decode("utf-8")
+
+    def get_body_base64(self, instance: Any) -> str | None:
+        message = self._message(instance)
+        return base64.b64encode(bytes(message.body)).decode() if message.body_is_binary else None
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        data.pop("body" if self._message(instance).body_is_binary else "body_base64")
+        return data
+
+
+class OpOut(serializers.Serializer[Any]):
+    op = serializers.CharField()
+    source = serializers.CharField()
+    actor = serializers.CharField()
+    reason = serializers.CharField()
+    detail = serializers.DictField()
+    at = serializers.DateTimeField()
+
+
+class TransactionOut(serializers.Serializer[Any]):
+    transaction_id = serializers.UUIDField()
+    msg_id = serializers.CharField()
+    producer_group = serializers.CharField(source="producer_group.name")
+    topic = serializers.CharField(source="topic.name")
+    state = serializers.CharField()
+    check_times = serializers.IntegerField()
+    born_at = serializers.DateTimeField()
+    resolved_at = serializers.DateTimeField(allow_null=True)
+    resolved_by = serializers.SerializerMethodField()
+
+    def get_resolved_by(self, half: HalfMessage) -> str | None:
+        return half.resolved_by or None
+
+
+class TransactionDetailOut(TransactionOut):
+    history = OpOut(many=True, source="ops.all")
+
+
+class PreparedOut(TransactionOut):
+    queue_id = serializers.IntegerField()
+
+
+class ResolutionOut(TransactionOut):
+    """commit / rollback: the transaction and, once committed, its commit-log position."""
+
+    queue_id = serializers.IntegerField()
+    queue_offset = serializers.IntegerField(allow_null=True)
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        half, entry = instance
+        data = dict(super().to_representation(half))
+        data["queue_offset"] = entry.queue_offset if entry else None
+        return data
+
+
+class SendOut(serializers.Serializer[Any]):
+    msg_id = serializers.CharField()
+    topic = serializers.CharField(source="topic.name")
+    queue_id = serializers.IntegerField()
+    queue_offset = serializers.IntegerField(allow_null=True)
+    status = serializers.SerializerMethodField()
+    deliver_at = serializers.DateTimeField(source="stored_at", allow_null=True)
+
+    def get_status(self, entry: CommitLogEntry) -> str:
+        return "SEND_OK"
+
+
+class ReceivedOut(BodyMixin):
+    msg_id = serializers.CharField(source="message.msg_id")
+    receipt_handle = serializers.SerializerMethodField()
+    topic = serializers.CharField(source="message.topic.name")
+    queue_id = serializers.IntegerField(source="message.queue_id")
+    queue_offset = serializers.IntegerField(source="message.queue_offset")
+    keys = serializers.ListField(child=serializers.CharField(), source="message.keys")
+    properties = serializers.DictField(child=serializers.CharField(), source="message.properties")
+    born_at = serializers.DateTimeField(source="message.born_at")
+    stored_at = serializers.DateTimeField(source="message.stored_at")
+    delivery_attempt = serializers.IntegerField(source="delivery.attempts")
+    transaction_id = serializers.UUIDField(source="message.transaction_id", allow_null=True)
+
+    def get_receipt_handle(self, received: Received) -> str:
+        return received.receipt_handle
+
+    def _message(self, instance: Any) -> CommitLogEntry:
+        return instance.message  # type: ignore[no-any-return]
+
+
+class DeliveryOut(serializers.Serializer[Any]):
+    consumer_group = serializers.CharField(source="group.name")
+    state = serializers.CharField()
+    attempts = serializers.IntegerField()
+    invisible_until = serializers.DateTimeField()
+    first_received_at = serializers.DateTimeField(allow_null=True)
+    last_received_at = serializers.DateTimeField(allow_null=True)
+    acked_at = serializers.DateTimeField(allow_null=True)
+    dlq_at = serializers.DateTimeField(allow_null=True)
+
+
+class DlqEntryOut(BodyMixin):
+    msg_id = serializers.CharField(source="message.msg_id")
+    topic = serializers.CharField(source="topic.name")
+    queue_id = serializers.IntegerField(source="message.queue_id")
+    queue_offset = serializers.IntegerField(source="message.queue_offset")
+    keys = serializers.ListField(child=serializers.CharField(), source="message.keys")
+    properties = serializers.DictField(child=serializers.CharField(), source="message.properties")
+    attempts = serializers.IntegerField()
+    dlq_at = serializers.DateTimeField()
+
+    def _message(self, instance: Any) -> CommitLogEntry:
+        return instance.message  # type: ignore[no-any-return]
+
+
+class CommitLogPositionOut(serializers.Serializer[Any]):
+    offset = serializers.IntegerField()
+    topic = serializers.CharField(source="topic.name")
+    queue_id = serializers.IntegerField()
+    queue_offset = serializers.IntegerField()
+    stored_at = serializers.DateTimeField()
+
+
+def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
+    half: HalfMessage | None = trace["half"]
+    entry: CommitLogEntry | None = trace["entry"]
+    source: HalfMessage | CommitLogEntry = half or entry  # type: ignore[assignment]
+    deliveries: list[Delivery] = trace["deliveries"]
+    return {
+        "msg_id": source.msg_id,
+        "topic": source.topic.name,
+        "producer_group": half.producer_group.name if half else entry.producer_group,  # type: ignore[union-attr]
+        "tags": source.tags or None,
+        "keys": source.keys,
+        "properties": source.properties,
+        **body_fields(source),
+        "born_at": serializers.DateTimeField().to_representation(source.born_at),
+        "transaction": TransactionDetailOut(half).data if half else None,
+        "commit_log": CommitLogPositionOut(entry).data if entry else None,
+        "deliveries": DeliveryOut(deliveries, many=True).data,
+    }
+
+
+class TopicOut(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    queues = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class ProducerGroupOut(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    check_url = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ProducerGroupSecretOut(ProducerGroupOut):
+    signing_secret = serializers.CharField(help_text="Shown once.")
+
+
+class ConsumerGroupOut(serializers.Serializer[Any]):
+    name = serializers.CharField()
+    max_delivery_attempts = serializers.IntegerField()
+    consume_from = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class TokenOut(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True)

@@ -1,0 +1,365 @@
+"""REST views: parse and check input, check the scope, call one service or selector, answer.
+
+Order of checks everywhere: 401 (no token) -> 400 (bad input) -> 403 (scope for the named group)
+-> 404 (unknown topic / group / id), so nothing is stored unless every check passed.
+"""
+
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.broker import selectors
+from apps.broker.api import output
+from apps.broker.api import serializers as inputs
+from apps.broker.api.auth import TokenUser, require, require_admin
+from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Resolver, Topic
+from apps.broker.services import consuming, registry, sending, transactions
+from apps.broker.services.transactions import Actor
+
+ERRORS = {
+    400: OpenApiResponse(description="invalid_request"),
+    401: OpenApiResponse(description="unauthenticated"),
+    403: OpenApiResponse(description="forbidden"),
+    404: OpenApiResponse(description="not_found"),
+}
+
+
+def validated(serializer_class: type[serializers.Serializer[Any]], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+def token_user(request: Request) -> TokenUser:
+    return request.user  # type: ignore[return-value]
+
+
+def producer_actor(request: Request) -> Actor:
+    return Actor(Resolver.PRODUCER, token_user(request).name)
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+# Administration ----------------------------------------------------------------------------
+
+
+class TopicListView(APIView):
+    @extend_schema(request=inputs.TopicIn, responses={201: output.TopicOut, 409: None, **ERRORS})
+    def post(self, request: Request) -> Response:
+        require_admin(request)
+        data = validated(inputs.TopicIn, request.data)
+        topic = registry.topic_create(name=data["name"], queues=data["queues"])
+        return Response(output.TopicOut(topic).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: output.TopicOut(many=True)})
+    def get(self, request: Request) -> Response:
+        require_admin(request)
+        return Response(output.TopicOut(Topic.objects.order_by("name"), many=True).data)
+
+
+class TopicDetailView(APIView):
+    @extend_schema(
+        responses={
+            200: inline_serializer(
+                "TopicDetail",
+                {
+                    "name": serializers.CharField(),
+                    "queues": serializers.IntegerField(),
+                    "queue_offsets": serializers.ListField(child=serializers.DictField()),
+                },
+            )
+        }
+    )
+    def get(self, request: Request, name: str) -> Response:
+        require_admin(request)
+        topic = selectors.topic_get(name=name)
+        data = dict(output.TopicOut(topic).data)
+        data["queue_offsets"] = selectors.topic_queue_offsets(topic=topic)
+        return Response(data)
+
+
+class ProducerGroupListView(APIView):
+    @extend_schema(request=inputs.ProducerGroupIn, responses={201: output.ProducerGroupSecretOut})
+    def post(self, request: Request) -> Response:
+        require_admin(request)
+        data = validated(inputs.ProducerGroupIn, request.data)
+        group = registry.producer_group_create(name=data["name"], check_url=data["check_url"])
+        return Response(output.ProducerGroupSecretOut(group).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
+    def get(self, request: Request) -> Response:
+        require_admin(request)
+        groups = ProducerGroup.objects.order_by("name")
+        return Response(output.ProducerGroupOut(groups, many=True).data)
+
+
+class ProducerGroupDetailView(APIView):
+    @extend_schema(responses={200: output.ProducerGroupOut})
+    def get(self, request: Request, name: str) -> Response:
+        require_admin(request)
+        return Response(output.ProducerGroupOut(selectors.producer_group_get(name=name)).data)
+
+    @extend_schema(request=inputs.ProducerGroupPatchIn, responses={200: output.ProducerGroupOut})
+    def patch(self, request: Request, name: str) -> Response:
+        require_admin(request)
+        data = validated(inputs.ProducerGroupPatchIn, request.data)
+        group = registry.producer_group_update(name=name, check_url=data["check_url"])
+        return Response(output.ProducerGroupOut(group).data)
+
+
+class ProducerGroupRotateSecretView(APIView):
+    @extend_schema(request=None, responses={200: output.ProducerGroupSecretOut})
+    def post(self, request: Request, name: str) -> Response:
+        require_admin(request)
+        group = registry.producer_group_rotate_secret(name=name)
+        return Response(output.ProducerGroupSecretOut(group).data)
+
+
+class ConsumerGroupListView(APIView):
+    @extend_schema(request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut})
+    def post(self, request: Request) -> Response:
+        require_admin(request)
+        data = validated(inputs.ConsumerGroupIn, request.data)
+        group = registry.consumer_group_create(**data)
+        return Response(output.ConsumerGroupOut(group).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: output.ConsumerGroupOut(many=True)})
+    def get(self, request: Request) -> Response:
+        require_admin(request)
+        groups = ConsumerGroup.objects.order_by("name")
+        return Response(output.ConsumerGroupOut(groups, many=True).data)
+
+
+class TokenListView(APIView):
+    @extend_schema(
+        request=inputs.TokenIn,
+        responses={
+            201: inline_serializer(
+                "TokenCreated",
+                {
+                    "id": serializers.IntegerField(),
+                    "name": serializers.CharField(),
+                    "scopes": serializers.ListField(child=serializers.CharField()),
+                    "token": serializers.CharField(help_text="Shown once."),
+                },
+            )
+        },
+    )
+    def post(self, request: Request) -> Response:
+        require_admin(request)
+        data = validated(inputs.TokenIn, request.data)
+        token, raw = registry.token_create(name=data["name"], scopes=data["scopes"])
+        body = {"id": token.pk, "name": token.name, "scopes": token.scopes, "token": raw}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={200: output.TokenOut(many=True)})
+    def get(self, request: Request) -> Response:
+        require_admin(request)
+        return Response(output.TokenOut(ApiToken.objects.order_by("id"), many=True).data)
+
+
+class TokenDetailView(APIView):
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, token_id: int) -> Response:
+        require_admin(request)
+        registry.token_revoke(token_id=token_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# Producers ---------------------------------------------------------------------------------
+
+
+class TopicMessagesView(APIView):
+    @extend_schema(request=inputs.MessageIn, responses={201: output.SendOut, 413: None, **ERRORS})
+    def post(self, request: Request, topic: str) -> Response:
+        data = validated(inputs.MessageIn, request.data)
+        require(request, "produce", data["producer_group"])
+        topic_row = selectors.topic_get(name=topic)
+        selectors.producer_group_get(name=data["producer_group"])
+        entry = sending.message_send(topic=topic_row, message=data["message"])
+        return Response(output.SendOut(entry).data, status=status.HTTP_201_CREATED)
+
+
+class TransactionListView(APIView):
+    @extend_schema(request=inputs.TransactionIn, responses={201: output.PreparedOut, **ERRORS})
+    def post(self, request: Request) -> Response:
+        data = validated(inputs.TransactionIn, request.data)
+        require(request, "produce", data["producer_group"])
+        topic = selectors.topic_get(name=data["topic"])
+        group = selectors.producer_group_get(name=data["producer_group"])
+        half = transactions.transaction_prepare(
+            producer_group=group,
+            topic=topic,
+            message=data["message"],
+            actor=producer_actor(request),
+            check_immunity_seconds=data.get("check_immunity_seconds"),
+        )
+        return Response(output.PreparedOut(half).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(parameters=[inputs.TransactionListIn], responses={200: output.TransactionDetailOut(many=True)})
+    def get(self, request: Request) -> Response:
+        data = validated(inputs.TransactionListIn, request.query_params.dict())
+        groups = token_user(request).groups("produce")
+        if "producer_group" in data:
+            require(request, "produce", data["producer_group"])
+            groups = {data["producer_group"]}
+        query = selectors.transaction_list(
+            producer_groups=groups,
+            state=data.get("state"),
+            older_than_seconds=data.get("older_than_seconds"),
+        )
+        paginator = Pagination()
+        page = paginator.paginate_queryset(query, request, view=self)
+        return paginator.get_paginated_response(output.TransactionDetailOut(page, many=True).data)
+
+
+class TransactionDetailView(APIView):
+    @extend_schema(responses={200: output.TransactionDetailOut, **ERRORS})
+    def get(self, request: Request, transaction_id: uuid.UUID) -> Response:
+        half = selectors.transaction_get(
+            transaction_id=transaction_id,
+            producer_groups=token_user(request).groups("produce"),
+        )
+        return Response(output.TransactionDetailOut(half).data)
+
+
+class TransactionResolveView(APIView):
+    outcome = "commit"
+
+    @extend_schema(request=inputs.ReasonIn, responses={200: output.ResolutionOut, 409: None, **ERRORS})
+    def post(self, request: Request, transaction_id: uuid.UUID) -> Response:
+        data = validated(inputs.ReasonIn, request.data)
+        resolve = (
+            transactions.transaction_commit
+            if self.outcome == "commit"
+            else transactions.transaction_rollback
+        )
+        resolution = resolve(
+            transaction_id=transaction_id,
+            actor=producer_actor(request),
+            reason=data.get("reason", ""),
+            producer_groups=token_user(request).groups("produce"),
+        )
+        return Response(output.ResolutionOut((resolution.half, resolution.entry)).data)
+
+
+class TransactionCommitView(TransactionResolveView):
+    outcome = "commit"
+
+
+class TransactionRollbackView(TransactionResolveView):
+    outcome = "rollback"
+
+
+class TransactionResumeView(APIView):
+    @extend_schema(request=inputs.ReasonIn, responses={200: output.TransactionDetailOut, 409: None})
+    def post(self, request: Request, transaction_id: uuid.UUID) -> Response:
+        user = require_admin(request)
+        data = validated(inputs.ReasonIn, request.data)
+        transactions.transaction_resume(
+            transaction_id=transaction_id,
+            actor=Actor(Resolver.OPERATOR, user.name),
+            reason=data.get("reason", ""),
+        )
+        half = selectors.transaction_get(transaction_id=transaction_id)
+        return Response(output.TransactionDetailOut(half).data)
+
+
+class MessageDetailView(APIView):
+    @extend_schema(responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})})
+    def get(self, request: Request, msg_id: str) -> Response:
+        trace = selectors.message_trace(
+            msg_id=msg_id, producer_groups=token_user(request).groups("produce")
+        )
+        return Response(output.message_trace_out(trace))
+
+
+# Consumers ---------------------------------------------------------------------------------
+
+
+def consumer_group(request: Request, name: str) -> ConsumerGroup:
+    require(request, "consume", name)
+    return selectors.consumer_group_get(name=name)
+
+
+class ReceiveView(APIView):
+    @extend_schema(
+        request=inputs.ReceiveIn,
+        responses={200: inline_serializer("Received", {"messages": output.ReceivedOut(many=True)})},
+    )
+    def post(self, request: Request, group: str) -> Response:
+        data = validated(inputs.ReceiveIn, request.data)
+        group_row = consumer_group(request, group)
+        received = consuming.message_receive(
+            group=group_row,
+            topic=selectors.topic_get(name=data["topic"]),
+            max_messages=data["max_messages"],
+            invisible_seconds=data["invisible_seconds"],
+            wait_seconds=data["wait_seconds"],
+            tags=data["tag_expression"],
+        )
+        return Response({"messages": output.ReceivedOut(received, many=True).data})
+
+
+class AckView(APIView):
+    @extend_schema(
+        request=inputs.AckIn,
+        responses={
+            200: inline_serializer(
+                "AckResult",
+                {
+                    "acked": serializers.ListField(child=serializers.CharField()),
+                    "invalid": serializers.ListField(child=serializers.CharField()),
+                },
+            )
+        },
+    )
+    def post(self, request: Request, group: str) -> Response:
+        data = validated(inputs.AckIn, request.data)
+        acked, invalid = consuming.message_ack(
+            group=consumer_group(request, group), receipt_handles=data["receipt_handles"]
+        )
+        return Response({"acked": acked, "invalid": invalid})
+
+
+class ChangeInvisibleView(APIView):
+    @extend_schema(request=inputs.ChangeInvisibleIn, responses={200: output.ReceivedOut})
+    def post(self, request: Request, group: str) -> Response:
+        data = validated(inputs.ChangeInvisibleIn, request.data)
+        received = consuming.message_change_invisible(group=consumer_group(request, group), **data)
+        return Response(output.ReceivedOut(received).data)
+
+
+class ConsumerGroupDetailView(APIView):
+    @extend_schema(responses={200: output.ConsumerGroupOut})
+    def get(self, request: Request, group: str) -> Response:
+        group_row = consumer_group(request, group)
+        data = dict(output.ConsumerGroupOut(group_row).data)
+        data["queues"] = selectors.consumer_group_status(group=group_row)
+        return Response(data)
+
+
+class DlqListView(APIView):
+    @extend_schema(responses={200: output.DlqEntryOut(many=True)})
+    def get(self, request: Request, group: str) -> Response:
+        query = selectors.dlq_list(group=consumer_group(request, group))
+        paginator = Pagination()
+        page = paginator.paginate_queryset(query, request, view=self)
+        return paginator.get_paginated_response(output.DlqEntryOut(page, many=True).data)
+
+
+class DlqResendView(APIView):
+    @extend_schema(request=None, responses={200: output.DeliveryOut})
+    def post(self, request: Request, group: str, msg_id: str) -> Response:
+        delivery = consuming.dlq_resend(group=consumer_group(request, group), msg_id=msg_id)
+        return Response(output.DeliveryOut(delivery).data)

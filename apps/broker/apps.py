@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class BrokerConfig(AppConfig):
+    name = "apps.broker"
+    label = "broker"
+    verbose_name = "Broker"

@@ -1,0 +1,269 @@
+"""txhub's Postgres data model.
+
+Three logs, as in RocketMQ: half messages (RMQ_SYS_TRANS_HALF_TOPIC), op records
+(RMQ_SYS_TRANS_OP_HALF_TOPIC) and the commit log. Consumer state is per group: a cursor per queue
+and a delivery row per received message. See docs/decisions/0002 for offsets and locking.
+"""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+def new_msg_id() -> str:
+    # RocketMQ message ids are 32 upper-case hex characters.
+    return uuid.uuid4().hex.upper()
+
+
+class Topic(models.Model):
+    name = models.CharField(max_length=127, unique=True)
+    queues = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class MessageQueue(models.Model):
+    """One row per (topic, queue): the counter that hands out dense queue offsets.
+
+    Appending to a queue takes this row's lock until the appending transaction commits, so offset
+    N+1 is handed out only after N is visible (CONTRACT invariant 5).
+    """
+
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="message_queues")
+    queue_id = models.PositiveSmallIntegerField()
+    next_offset = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["topic", "queue_id"], name="message_queue_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic_id}:{self.queue_id}"
+
+
+class ProducerGroup(models.Model):
+    name = models.CharField(max_length=127, unique=True)
+    check_url = models.CharField(max_length=2048, blank=True)
+    signing_secret = models.CharField(max_length=128)
+    # Kept during a rotation so check-back can sign with both (Standard Webhooks).
+    previous_signing_secret = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ConsumeFrom(models.TextChoices):
+    FIRST = "first"
+    LAST = "last"
+
+
+class ConsumerGroup(models.Model):
+    name = models.CharField(max_length=127, unique=True)
+    max_delivery_attempts = models.PositiveSmallIntegerField(default=16)
+    consume_from = models.CharField(
+        max_length=8, choices=ConsumeFrom.choices, default=ConsumeFrom.FIRST
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(models.Model):
+    name = models.CharField(max_length=127)
+    # SHA-256 of the token: tokens are 256-bit random, so a slow KDF would add nothing.
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+
+class TransactionState(models.TextChoices):
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    PARKED = "PARKED"
+
+
+UNRESOLVED_STATES = (TransactionState.PREPARED, TransactionState.PARKED)
+
+
+class Resolver(models.TextChoices):
+    PRODUCER = "PRODUCER"
+    CHECK_BACK = "CHECK_BACK"
+    OPERATOR = "OPERATOR"
+    SYSTEM = "SYSTEM"
+
+
+class MessageFields(models.Model):
+    """What a producer sends, shared by half messages and the commit log."""
+
+    msg_id = models.CharField(max_length=32, unique=True, default=new_msg_id)
+    queue_id = models.PositiveSmallIntegerField()
+    tags = models.CharField(max_length=128, blank=True)
+    keys = models.JSONField(default=list)
+    properties = models.JSONField(default=dict)
+    body = models.BinaryField()
+    body_is_binary = models.BooleanField(default=False)
+    born_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
+class HalfMessage(MessageFields):
+    """A prepared transactional message: invisible to consumers until committed."""
+
+    transaction_id = models.UUIDField(unique=True, default=uuid.uuid4)
+    producer_group = models.ForeignKey(ProducerGroup, on_delete=models.PROTECT)
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT)
+    state = models.CharField(
+        max_length=16, choices=TransactionState.choices, default=TransactionState.PREPARED
+    )
+    check_times = models.PositiveIntegerField(default=0)
+    check_immunity_seconds = models.PositiveIntegerField(null=True, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=16, choices=Resolver.choices, blank=True)
+
+    class Meta:
+        indexes = [
+            # The check-back scan: unresolved and due.
+            models.Index(
+                fields=["next_check_at"],
+                name="half_due_check_idx",
+                condition=Q(state="PREPARED"),
+            ),
+            models.Index(fields=["producer_group", "state", "born_at"], name="half_group_state_idx"),
+            models.Index(fields=["state", "born_at"], name="half_state_born_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.transaction_id)
+
+
+class OpKind(models.TextChoices):
+    PREPARE = "PREPARE"
+    CHECK = "CHECK"
+    COMMIT = "COMMIT"
+    ROLLBACK = "ROLLBACK"
+    PARK = "PARK"
+    RESUME = "RESUME"
+
+
+FINAL_OPS = (OpKind.COMMIT, OpKind.ROLLBACK)
+
+
+class OpRecord(models.Model):
+    """Append-only: one event in a half message's life, with who decided and why."""
+
+    half = models.ForeignKey(HalfMessage, on_delete=models.CASCADE, related_name="ops")
+    op = models.CharField(max_length=16, choices=OpKind.choices)
+    source = models.CharField(max_length=16, choices=Resolver.choices)
+    actor = models.CharField(max_length=150, blank=True)
+    reason = models.TextField(blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Belt and braces for CONTRACT invariant 2: the row lock decides, this proves it.
+            models.UniqueConstraint(
+                fields=["half"],
+                condition=Q(op__in=["COMMIT", "ROLLBACK"]),
+                name="one_final_op_per_transaction",
+            )
+        ]
+        indexes = [models.Index(fields=["half", "id"], name="op_half_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.half_id}"
+
+
+class CommitLogEntry(MessageFields):
+    """A visible message. `offset` is global; (topic, queue_id, queue_offset) is dense per queue."""
+
+    offset = models.BigAutoField(primary_key=True)
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT)
+    queue_offset = models.BigIntegerField()
+    producer_group = models.CharField(max_length=127)
+    # Unique: a committed transaction appears in the commit log exactly once (invariant 3).
+    transaction_id = models.UUIDField(null=True, blank=True, unique=True)
+    stored_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "queue_id", "queue_offset"], name="commit_log_position_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic_id}:{self.queue_id}:{self.queue_offset}"
+
+
+class ConsumerCursor(models.Model):
+    """Next queue offset a consumer group has not yet taken from one queue."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="cursors")
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE)
+    queue_id = models.PositiveSmallIntegerField()
+    next_offset = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["group", "topic", "queue_id"], name="consumer_cursor_unique"
+            )
+        ]
+
+
+class DeliveryState(models.TextChoices):
+    INFLIGHT = "INFLIGHT"  # received, or waiting to be received again once invisible_until passes
+    ACKED = "ACKED"
+    DLQ = "DLQ"
+
+
+class Delivery(models.Model):
+    """One committed message as seen by one consumer group."""
+
+    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="deliveries")
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE)
+    message = models.ForeignKey(CommitLogEntry, on_delete=models.CASCADE, related_name="deliveries")
+    state = models.CharField(
+        max_length=8, choices=DeliveryState.choices, default=DeliveryState.INFLIGHT
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    invisible_until = models.DateTimeField()
+    # Changes on every receive, so a handle from an earlier attempt no longer acks.
+    handle_token = models.CharField(max_length=32)
+    first_received_at = models.DateTimeField(null=True, blank=True)
+    last_received_at = models.DateTimeField(null=True, blank=True)
+    acked_at = models.DateTimeField(null=True, blank=True)
+    dlq_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["group", "message"], name="delivery_unique")
+        ]
+        indexes = [
+            models.Index(
+                fields=["group", "topic", "invisible_until"],
+                name="delivery_inflight_idx",
+                condition=Q(state="INFLIGHT"),
+            ),
+            models.Index(
+                fields=["group", "dlq_at"], name="delivery_dlq_idx", condition=Q(state="DLQ")
+            ),
+        ]

@@ -1,0 +1,147 @@
+"""Reads shared by the API and the console."""
+
+import uuid
+from collections.abc import Collection
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from apps.broker.models import (
+    CommitLogEntry,
+    ConsumerCursor,
+    ConsumerGroup,
+    Delivery,
+    DeliveryState,
+    HalfMessage,
+    MessageQueue,
+    ProducerGroup,
+    Topic,
+)
+from apps.broker.services.errors import NotFound
+
+
+def topic_get(*, name: str) -> Topic:
+    topic = Topic.objects.filter(name=name).first()
+    if topic is None:
+        raise NotFound(f"Topic {name!r} does not exist.", topic=name)
+    return topic
+
+
+def topic_queue_offsets(*, topic: Topic) -> list[dict[str, int]]:
+    return [
+        {"queue_id": q.queue_id, "min_offset": 0, "max_offset": q.next_offset}
+        for q in MessageQueue.objects.filter(topic=topic).order_by("queue_id")
+    ]
+
+
+def producer_group_get(*, name: str) -> ProducerGroup:
+    group = ProducerGroup.objects.filter(name=name).first()
+    if group is None:
+        raise NotFound(f"Producer group {name!r} does not exist.", producer_group=name)
+    return group
+
+
+def consumer_group_get(*, name: str) -> ConsumerGroup:
+    group = ConsumerGroup.objects.filter(name=name).first()
+    if group is None:
+        raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
+    return group
+
+
+def transaction_get(
+    *, transaction_id: uuid.UUID, producer_groups: Collection[str] | None = None
+) -> HalfMessage:
+    query = HalfMessage.objects.select_related("topic", "producer_group").prefetch_related("ops")
+    half = query.filter(transaction_id=transaction_id).first()
+    if half is None or (
+        producer_groups is not None and half.producer_group.name not in producer_groups
+    ):
+        raise NotFound(f"Transaction {transaction_id} does not exist.")
+    return half
+
+
+def transaction_list(
+    *,
+    producer_groups: Collection[str] | None,
+    state: str | None = None,
+    older_than_seconds: int | None = None,
+) -> QuerySet[HalfMessage]:
+    query = HalfMessage.objects.select_related("topic", "producer_group").prefetch_related("ops")
+    if producer_groups is not None:
+        query = query.filter(producer_group__name__in=producer_groups)
+    if state:
+        query = query.filter(state=state)
+    if older_than_seconds is not None:
+        query = query.filter(born_at__lte=timezone.now() - timedelta(seconds=older_than_seconds))
+    return query.order_by("born_at", "id")
+
+
+def commit_log_entry_of(*, half: HalfMessage) -> CommitLogEntry | None:
+    return CommitLogEntry.objects.filter(transaction_id=half.transaction_id).first()
+
+
+def message_trace(*, msg_id: str, producer_groups: Collection[str] | None) -> dict[str, Any]:
+    """A message wherever it is: half message and its ops, commit-log position, deliveries."""
+    half = (
+        HalfMessage.objects.select_related("topic", "producer_group")
+        .prefetch_related("ops")
+        .filter(msg_id=msg_id)
+        .first()
+    )
+    entry = CommitLogEntry.objects.select_related("topic").filter(msg_id=msg_id).first()
+    group = half.producer_group.name if half else entry.producer_group if entry else None
+    if group is None or (producer_groups is not None and group not in producer_groups):
+        raise NotFound(f"Message {msg_id} does not exist.")
+    deliveries = (
+        Delivery.objects.filter(message=entry).select_related("group").order_by("group__name")
+        if entry
+        else Delivery.objects.none()
+    )
+    return {"half": half, "entry": entry, "deliveries": list(deliveries)}
+
+
+def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
+    """Per topic and queue: the group's offset, what is ready, in flight and dead-lettered."""
+    cursors = ConsumerCursor.objects.filter(group=group).select_related("topic")
+    counters = {
+        (q.topic_id, q.queue_id): q.next_offset
+        for q in MessageQueue.objects.filter(topic__in={c.topic_id for c in cursors})
+    }
+    counts = {
+        (row["topic_id"], row["message__queue_id"]): row
+        for row in Delivery.objects.filter(group=group)
+        .values("topic_id", "message__queue_id")
+        .annotate(
+            in_flight=Count("id", filter=Q(state=DeliveryState.INFLIGHT)),
+            dlq=Count("id", filter=Q(state=DeliveryState.DLQ)),
+        )
+    }
+    rows = []
+    for cursor in sorted(cursors, key=lambda c: (c.topic.name, c.queue_id)):
+        key = (cursor.topic_id, cursor.queue_id)
+        max_offset = counters.get(key, 0)
+        ready = max(max_offset - cursor.next_offset, 0)
+        in_flight = counts.get(key, {}).get("in_flight", 0)
+        rows.append(
+            {
+                "topic": cursor.topic.name,
+                "queue_id": cursor.queue_id,
+                "max_offset": max_offset,
+                "consumer_offset": cursor.next_offset,
+                "ready": ready,
+                "in_flight": in_flight,
+                "lag": ready + in_flight,
+                "dlq": counts.get(key, {}).get("dlq", 0),
+            }
+        )
+    return rows
+
+
+def dlq_list(*, group: ConsumerGroup) -> QuerySet[Delivery]:
+    return (
+        Delivery.objects.filter(group=group, state=DeliveryState.DLQ)
+        .select_related("message", "topic")
+        .order_by("dlq_at", "id")
+    )

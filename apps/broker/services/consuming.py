@@ -1,0 +1,271 @@
+"""Consumers (RocketMQ 5 SimpleConsumer): receive with an invisible time, ack, change the
+invisible time, dead-letter queue and resend. At least once per consumer group."""
+
+import random
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.broker.models import (
+    CommitLogEntry,
+    ConsumeFrom,
+    ConsumerCursor,
+    ConsumerGroup,
+    Delivery,
+    DeliveryState,
+    MessageQueue,
+    Topic,
+)
+from apps.broker.services.errors import BrokerError, NotFound
+
+
+@dataclass(frozen=True)
+class Received:
+    delivery: Delivery
+    message: CommitLogEntry
+
+    @property
+    def receipt_handle(self) -> str:
+        return receipt_handle_of(self.delivery)
+
+
+def receipt_handle_of(delivery: Delivery) -> str:
+    return f"{delivery.pk}.{delivery.handle_token}"
+
+
+def _parse_handle(handle: str) -> tuple[int, str] | None:
+    delivery_id, _, token = handle.partition(".")
+    if not delivery_id.isdigit() or not token:
+        return None
+    return int(delivery_id), token
+
+
+def message_receive(
+    *,
+    group: ConsumerGroup,
+    topic: Topic,
+    max_messages: int,
+    invisible_seconds: int,
+    wait_seconds: int = 0,
+    tags: frozenset[str] | None = None,
+) -> list[Received]:
+    """Expired in-flight messages first (redelivery), then new ones. With `wait_seconds` it polls
+    until something arrives or the time is up (long polling)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        received = _receive_once(group, topic, max_messages, invisible_seconds, tags)
+        remaining = deadline - time.monotonic()
+        if received or remaining <= 0:
+            return received
+        time.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
+
+
+@transaction.atomic
+def _receive_once(
+    group: ConsumerGroup,
+    topic: Topic,
+    max_messages: int,
+    invisible_seconds: int,
+    tags: frozenset[str] | None,
+) -> list[Received]:
+    now = timezone.now()
+    invisible_until = now + timedelta(seconds=invisible_seconds)
+    received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
+    if len(received) < max_messages:
+        received += _take_new(group, topic, max_messages - len(received), invisible_until, tags, now)
+    return received
+
+
+def _redeliver(
+    group: ConsumerGroup,
+    topic: Topic,
+    limit: int,
+    invisible_until: datetime,
+    tags: frozenset[str] | None,
+    now: datetime,
+) -> list[Received]:
+    _dead_letter_exhausted(group=group, topic=topic, now=now)
+    due = Delivery.objects.filter(
+        group=group, topic=topic, state=DeliveryState.INFLIGHT, invisible_until__lte=now
+    )
+    if tags is not None:
+        due = due.filter(message__tags__in=tags)
+    # Lock, SKIP LOCKED: two consumers of one group never take the same expired message at once.
+    deliveries = list(
+        due.select_for_update(skip_locked=True, of=("self",))
+        .select_related("message")
+        .order_by("invisible_until")[:limit]
+    )
+    for delivery in deliveries:
+        _hand_out(delivery, invisible_until, now)
+    Delivery.objects.bulk_update(
+        deliveries, ["attempts", "invisible_until", "handle_token", "last_received_at"]
+    )
+    return [Received(d, d.message) for d in deliveries]
+
+
+def _take_new(
+    group: ConsumerGroup,
+    topic: Topic,
+    limit: int,
+    invisible_until: datetime,
+    tags: frozenset[str] | None,
+    now: datetime,
+) -> list[Received]:
+    _ensure_cursors(group, topic)
+    # Lock, SKIP LOCKED: two consumers of one group must not take the same offsets from a queue;
+    # a consumer that finds a queue busy reads the other queues instead of waiting.
+    cursors = list(
+        ConsumerCursor.objects.select_for_update(skip_locked=True)
+        .filter(group=group, topic=topic)
+        .order_by("queue_id")
+    )
+    random.shuffle(cursors)  # noqa: S311 - fairness between queues, not security
+    received: list[Received] = []
+    for cursor in cursors:
+        if len(received) >= limit:
+            break
+        # Offsets below the queue counter are all committed (see next_queue_offset), so reading
+        # ">= cursor" in order can never step over a message that commits later.
+        batch = list(
+            CommitLogEntry.objects.filter(
+                topic=topic, queue_id=cursor.queue_id, queue_offset__gte=cursor.next_offset
+            ).order_by("queue_offset")[: limit - len(received)]
+        )
+        if not batch:
+            continue
+        wanted = [m for m in batch if tags is None or m.tags in tags]
+        deliveries = [
+            Delivery(group=group, topic=topic, message=m, first_received_at=now) for m in wanted
+        ]
+        for delivery in deliveries:
+            _hand_out(delivery, invisible_until, now)
+        Delivery.objects.bulk_create(deliveries)
+        received += [Received(d, d.message) for d in deliveries]
+        # Messages the tag expression filters out are passed over for this group, as in RocketMQ.
+        cursor.next_offset = batch[-1].queue_offset + 1
+        cursor.save(update_fields=["next_offset"])
+    return received
+
+
+def _ensure_cursors(group: ConsumerGroup, topic: Topic) -> None:
+    if ConsumerCursor.objects.filter(group=group, topic=topic).count() == topic.queues:
+        return
+    queues = MessageQueue.objects.filter(topic=topic)
+    ConsumerCursor.objects.bulk_create(
+        [
+            ConsumerCursor(
+                group=group,
+                topic=topic,
+                queue_id=q.queue_id,
+                next_offset=q.next_offset if group.consume_from == ConsumeFrom.LAST else 0,
+            )
+            for q in queues
+        ],
+        ignore_conflicts=True,  # a concurrent first receive created them already
+    )
+
+
+def _hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> None:
+    delivery.attempts += 1
+    delivery.invisible_until = invisible_until
+    delivery.handle_token = secrets.token_hex(12)
+    delivery.last_received_at = now
+
+
+def _dead_letter_exhausted(
+    *, group: ConsumerGroup, topic: Topic | None, now: datetime
+) -> int:
+    """An expired message that used all its attempts goes to the group's dead-letter queue."""
+    exhausted = Delivery.objects.filter(
+        group=group,
+        state=DeliveryState.INFLIGHT,
+        invisible_until__lte=now,
+        attempts__gte=group.max_delivery_attempts,
+    )
+    if topic is not None:
+        exhausted = exhausted.filter(topic=topic)
+    # A conditional UPDATE: a concurrent ack or receive of the same row is re-checked by Postgres.
+    return exhausted.update(state=DeliveryState.DLQ, dlq_at=now)
+
+
+def deliveries_expire() -> int:
+    """Periodic: dead-letter every exhausted message, even in groups nobody receives from now."""
+    now = timezone.now()
+    return sum(
+        _dead_letter_exhausted(group=group, topic=None, now=now)
+        for group in ConsumerGroup.objects.all()
+    )
+
+
+def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:
+    """Returns (acked, invalid). An expired, reused or unknown handle is invalid, never an error."""
+    now = timezone.now()
+    acked: list[str] = []
+    invalid: list[str] = []
+    for handle in receipt_handles:
+        parsed = _parse_handle(handle)
+        updated = 0
+        if parsed is not None:
+            # Conditional UPDATE: a handle acks only while its receive is the latest and unexpired.
+            updated = Delivery.objects.filter(
+                pk=parsed[0],
+                handle_token=parsed[1],
+                group=group,
+                state=DeliveryState.INFLIGHT,
+                invisible_until__gt=now,
+            ).update(state=DeliveryState.ACKED, acked_at=now)
+        (acked if updated else invalid).append(handle)
+    return acked, invalid
+
+
+@transaction.atomic
+def message_change_invisible(
+    *, group: ConsumerGroup, receipt_handle: str, invisible_seconds: int
+) -> Received:
+    now = timezone.now()
+    parsed = _parse_handle(receipt_handle)
+    delivery = None
+    if parsed is not None:
+        # Lock: an ack or a redelivery racing with this change sees either the old or new handle.
+        delivery = (
+            Delivery.objects.select_for_update(of=("self",))
+            .select_related("message")
+            .filter(
+                pk=parsed[0],
+                handle_token=parsed[1],
+                group=group,
+                state=DeliveryState.INFLIGHT,
+                invisible_until__gt=now,
+            )
+            .first()
+        )
+    if delivery is None:
+        raise BrokerError("The receipt handle is expired or unknown.", field="receipt_handle")
+    delivery.invisible_until = now + timedelta(seconds=invisible_seconds)
+    delivery.handle_token = secrets.token_hex(12)
+    delivery.save(update_fields=["invisible_until", "handle_token"])
+    return Received(delivery, delivery.message)
+
+
+def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
+    """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
+    now = timezone.now()
+    updated = Delivery.objects.filter(
+        Q(message__msg_id=msg_id), group=group, state=DeliveryState.DLQ
+    ).update(
+        state=DeliveryState.INFLIGHT,
+        attempts=0,
+        invisible_until=now,
+        handle_token=secrets.token_hex(12),
+        dlq_at=None,
+    )
+    if not updated:
+        raise NotFound(f"Message {msg_id} is not in the dead-letter queue of {group.name}.")
+    return Delivery.objects.get(group=group, message__msg_id=msg_id)

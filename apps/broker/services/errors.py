@@ -1,0 +1,33 @@
+"""Domain errors raised by services; the API maps each to the contract's error format."""
+
+from typing import Any
+
+
+class BrokerError(Exception):
+    code = "invalid_request"
+    status = 400
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NotFound(BrokerError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(BrokerError):
+    code = "conflict"
+    status = 409
+
+
+class TransactionResolved(Conflict):
+    """The opposite resolution, or an action on a transaction already resolved."""
+
+    code = "transaction_resolved"
+
+    def __init__(self, *, state: str, message: str = "") -> None:
+        super().__init__(message or f"The transaction is already {state}.", state=state)
+        self.state = state

@@ -1,0 +1,97 @@
+"""Administration writes: topics, producer and consumer groups, API tokens."""
+
+import hashlib
+import secrets
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.broker.models import (
+    ApiToken,
+    ConsumerGroup,
+    MessageQueue,
+    ProducerGroup,
+    Topic,
+)
+from apps.broker.services.errors import Conflict, NotFound
+
+TOKEN_PREFIX = "txh_"
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_signing_secret() -> str:
+    # Standard Webhooks secrets are "whsec_" + base64 of the key bytes.
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+@transaction.atomic
+def topic_create(*, name: str, queues: int) -> Topic:
+    try:
+        with transaction.atomic():
+            topic = Topic.objects.create(name=name, queues=queues)
+    except IntegrityError:
+        raise Conflict(f"Topic {name!r} already exists.") from None
+    MessageQueue.objects.bulk_create(
+        MessageQueue(topic=topic, queue_id=queue_id) for queue_id in range(queues)
+    )
+    return topic
+
+
+def producer_group_create(*, name: str, check_url: str) -> ProducerGroup:
+    try:
+        return ProducerGroup.objects.create(
+            name=name, check_url=check_url, signing_secret=new_signing_secret()
+        )
+    except IntegrityError:
+        raise Conflict(f"Producer group {name!r} already exists.") from None
+
+
+def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
+    updated = ProducerGroup.objects.filter(name=name).update(
+        check_url=check_url, updated_at=timezone.now()
+    )
+    if not updated:
+        raise NotFound(f"Producer group {name!r} does not exist.")
+    return ProducerGroup.objects.get(name=name)
+
+
+@transaction.atomic
+def producer_group_rotate_secret(*, name: str) -> ProducerGroup:
+    # Lock: two rotations at once would both keep the same "previous" secret and lose one.
+    group = ProducerGroup.objects.select_for_update().filter(name=name).first()
+    if group is None:
+        raise NotFound(f"Producer group {name!r} does not exist.")
+    group.previous_signing_secret = group.signing_secret
+    group.signing_secret = new_signing_secret()
+    group.updated_at = timezone.now()
+    group.save(update_fields=["previous_signing_secret", "signing_secret", "updated_at"])
+    return group
+
+
+def consumer_group_create(*, name: str, max_delivery_attempts: int, consume_from: str) -> ConsumerGroup:
+    try:
+        return ConsumerGroup.objects.create(
+            name=name, max_delivery_attempts=max_delivery_attempts, consume_from=consume_from
+        )
+    except IntegrityError:
+        raise Conflict(f"Consumer group {name!r} already exists.") from None
+
+
+def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
+    """Returns the stored token and the raw token, which is never stored and shown only once."""
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(
+        name=name, token_hash=hash_token(raw), prefix=raw[:10], scopes=sorted(set(scopes))
+    )
+    return token, raw
+
+
+def token_revoke(*, token_id: int) -> None:
+    revoked = ApiToken.objects.filter(id=token_id, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    if not revoked and not ApiToken.objects.filter(id=token_id).exists():
+        raise NotFound(f"Token {token_id} does not exist.")

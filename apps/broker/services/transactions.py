@@ -1,0 +1,210 @@
+"""The life of a transactional (half) message: prepare, commit, rollback, park, resume.
+
+Every path that changes a transaction's state, whoever calls it (REST, console, admin, check-back,
+Celery), goes through `_transition`, which locks the half message's row first.
+"""
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.broker.models import (
+    UNRESOLVED_STATES,
+    CommitLogEntry,
+    HalfMessage,
+    OpKind,
+    OpRecord,
+    ProducerGroup,
+    Resolver,
+    Topic,
+    TransactionState,
+    new_msg_id,
+)
+from apps.broker.services.errors import Conflict, NotFound, TransactionResolved
+from apps.broker.services.sending import OutgoingMessage, commit_log_append, queue_for
+
+FINAL_STATES = (TransactionState.COMMITTED, TransactionState.ROLLED_BACK)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who acts: the source kept in op records, and a name (token or user name)."""
+
+    source: Resolver
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    half: HalfMessage
+    entry: CommitLogEntry | None  # the commit-log row of a committed transaction
+
+
+def transaction_prepare(
+    *,
+    producer_group: ProducerGroup,
+    topic: Topic,
+    message: OutgoingMessage,
+    actor: Actor,
+    check_immunity_seconds: int | None = None,
+) -> HalfMessage:
+    msg_id = new_msg_id()
+    now = timezone.now()
+    with transaction.atomic():
+        half = HalfMessage.objects.create(
+            msg_id=msg_id,
+            producer_group=producer_group,
+            topic=topic,
+            queue_id=queue_for(topic=topic, msg_id=msg_id),
+            tags=message.tags,
+            keys=message.keys,
+            properties=message.properties,
+            body=message.body,
+            body_is_binary=message.body_is_binary,
+            born_at=now,
+            check_immunity_seconds=check_immunity_seconds,
+        )
+        _record(half, OpKind.PREPARE, actor, at=now)
+    return half
+
+
+def transaction_commit(
+    *,
+    transaction_id: uuid.UUID,
+    actor: Actor,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    producer_groups: Collection[str] | None = None,
+) -> Resolution:
+    return _resolve(transaction_id, TransactionState.COMMITTED, actor, reason, detail,
+                    producer_groups)  # fmt: skip
+
+
+def transaction_rollback(
+    *,
+    transaction_id: uuid.UUID,
+    actor: Actor,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    producer_groups: Collection[str] | None = None,
+) -> Resolution:
+    return _resolve(transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail,
+                    producer_groups)  # fmt: skip
+
+
+@transaction.atomic
+def transaction_park(*, transaction_id: uuid.UUID, actor: Actor, reason: str) -> HalfMessage:
+    """PREPARED -> PARKED: check-back gave up. Anything else is left as it is."""
+    half = _lock(transaction_id, None)
+    if half.state == TransactionState.PREPARED:
+        half.state = TransactionState.PARKED
+        half.next_check_at = None
+        half.save(update_fields=["state", "next_check_at"])
+        _record(half, OpKind.PARK, actor, reason=reason)
+    return half
+
+
+@transaction.atomic
+def transaction_resume(*, transaction_id: uuid.UUID, actor: Actor, reason: str = "") -> HalfMessage:
+    """PARKED -> PREPARED with the check count reset, so check-back asks again."""
+    half = _lock(transaction_id, None)
+    if half.state in FINAL_STATES:
+        raise TransactionResolved(state=half.state)
+    if half.state != TransactionState.PARKED:
+        raise Conflict("Only a PARKED transaction can be resumed.", state=half.state)
+    half.state = TransactionState.PREPARED
+    half.check_times = 0
+    half.next_check_at = timezone.now()
+    half.save(update_fields=["state", "check_times", "next_check_at"])
+    _record(half, OpKind.RESUME, actor, reason=reason)
+    return half
+
+
+@transaction.atomic
+def _resolve(
+    transaction_id: uuid.UUID,
+    target: TransactionState,
+    actor: Actor,
+    reason: str,
+    detail: dict[str, Any] | None,
+    producer_groups: Collection[str] | None,
+) -> Resolution:
+    half = _lock(transaction_id, producer_groups)
+    if half.state == target:
+        # Same resolution again: same answer, nothing written (idempotent retries).
+        return Resolution(half, _entry_of(half))
+    if half.state not in UNRESOLVED_STATES:
+        raise TransactionResolved(state=half.state)
+    now = timezone.now()
+    entry = None
+    if target == TransactionState.COMMITTED:
+        # Same database transaction as the op record below: invariant 3.
+        entry = commit_log_append(
+            topic=half.topic,
+            queue_id=half.queue_id,
+            msg_id=half.msg_id,
+            message=OutgoingMessage(
+                producer_group=half.producer_group.name,
+                body=bytes(half.body),
+                body_is_binary=half.body_is_binary,
+                tags=half.tags,
+                keys=half.keys,
+                properties=half.properties,
+            ),
+            born_at=half.born_at,
+            transaction_id=half.transaction_id,
+        )
+    half.state = target
+    half.resolved_at = now
+    half.resolved_by = actor.source
+    half.next_check_at = None
+    half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
+    op = OpKind.COMMIT if target == TransactionState.COMMITTED else OpKind.ROLLBACK
+    _record(half, op, actor, reason=reason, detail=detail, at=now)
+    return Resolution(half, entry)
+
+
+def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:
+    # Lock: commit, rollback, a check-back answer and an operator action on one transaction
+    # queue up here, so exactly one of them moves it to a final state (CONTRACT invariant 2).
+    # of=("self",): lock only the half row, not its (shared) topic and group rows.
+    query = HalfMessage.objects.select_for_update(of=("self",)).select_related(
+        "topic", "producer_group"
+    )
+    half = query.filter(transaction_id=transaction_id).first()
+    if half is None or (
+        producer_groups is not None and half.producer_group.name not in producer_groups
+    ):
+        # Another group's transaction answers as if it did not exist.
+        raise NotFound(f"Transaction {transaction_id} does not exist.")
+    return half
+
+
+def _entry_of(half: HalfMessage) -> CommitLogEntry | None:
+    if half.state != TransactionState.COMMITTED:
+        return None
+    return CommitLogEntry.objects.filter(transaction_id=half.transaction_id).first()
+
+
+def _record(
+    half: HalfMessage,
+    op: OpKind,
+    actor: Actor,
+    *,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    at: Any = None,
+) -> OpRecord:
+    return OpRecord.objects.create(
+        half=half,
+        op=op,
+        source=actor.source,
+        actor=actor.name,
+        reason=reason,
+        detail=detail or {},
+        at=at or timezone.now(),
+    )

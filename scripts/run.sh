@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make run`: after scripts/services.sh up, makes sure a console superuser exists, then runs
+# gunicorn, a Celery worker and Celery beat in the foreground. Ctrl-C or SIGTERM stops them all,
+# and the Postgres and Redis this run started.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BIN="$ROOT/.venv/bin"
+PORT="${TXHUB_PORT:-8000}"
+mkdir -p var/run
+
+"$BIN/python" manage.py ensure_superuser
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo "[run] stopping txhub" >&2
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  scripts/services.sh down
+}
+trap stop INT TERM EXIT
+
+"$BIN/gunicorn" txhub.wsgi:application --bind "127.0.0.1:$PORT" \
+  --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
+  --access-logfile - --graceful-timeout 10 &
+pids+=($!)
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-2}" &
+pids+=($!)
+"$BIN/celery" -A txhub beat --loglevel INFO --schedule var/run/celerybeat-schedule &
+pids+=($!)
+
+echo "[run] txhub on http://127.0.0.1:$PORT  (API docs: /api/docs/, admin: /admin/)" >&2
+# Whichever process ends first ends the run: a half-running txhub is worse than a stopped one.
+wait -n

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Sets up and starts txhub's local services: Debian packages, the venv, a Postgres cluster and a
+# Redis server under var/, both on 127.0.0.1 and private ports. Idempotent: safe to run again.
+#
+#   scripts/services.sh up      install what is missing, start Postgres + Redis, migrate
+#   scripts/services.sh down    stop the Postgres + Redis started from this checkout
+#   scripts/services.sh env     print the environment the services answer on
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VAR="$ROOT/var"
+PY="${TXHUB_PYTHON:-python3.11}"
+VENV="$ROOT/.venv"
+PG_PORT="${TXHUB_PG_PORT:-54329}"
+REDIS_PORT="${TXHUB_REDIS_PORT:-63799}"
+PG_USER_OS="${TXHUB_PG_OS_USER:-txhub-pg}"   # Postgres refuses to run as root
+PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+ensure_debian_packages() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  [ -n "$PG_BIN" ] && [ -x "$PG_BIN/pg_ctl" ] || missing+=(postgresql)
+  command -v "$PY" >/dev/null 2>&1 || missing+=(python3 python3-venv)
+  command -v pgbench >/dev/null 2>&1 || [ -x "$PG_BIN/pgbench" ] || missing+=(postgresql-contrib)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+    PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+  fi
+}
+
+ensure_venv() {
+  local stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
+  log "installing Python packages into .venv"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e "$ROOT[dev]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+}
+
+# Runs a Postgres binary as the unprivileged OS user when we are root.
+pg_run() {
+  if [ "$(id -u)" = 0 ]; then runuser -u "$PG_USER_OS" -- "$@"; else "$@"; fi
+}
+
+pg_data_dir() {
+  # var/pg unless the unprivileged user cannot reach this checkout (e.g. a clone under /root).
+  if [ "$(id -u)" = 0 ] && ! runuser -u "$PG_USER_OS" -- test -x "$ROOT" 2>/dev/null; then
+    echo "/var/tmp/txhub-pg-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
+  else
+    echo "$VAR/pg"
+  fi
+}
+
+pg_up() {
+  if [ "$(id -u)" = 0 ] && ! id "$PG_USER_OS" >/dev/null 2>&1; then
+    log "creating OS user $PG_USER_OS for Postgres"
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$PG_USER_OS"
+  fi
+  local data; data="$(pg_data_dir)"
+  mkdir -p "$data"
+  [ "$(id -u)" = 0 ] && chown "$PG_USER_OS" "$data" && chmod 700 "$data"
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initialising a Postgres cluster in $data"
+    pg_run "$PG_BIN/initdb" -D "$data" -U txhub --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    cat >>"$data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = ''
+max_connections = 200
+shared_buffers = 256MB
+CONF
+  fi
+  if pg_run "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "Postgres already running on 127.0.0.1:$PG_PORT"
+  else
+    log "starting Postgres on 127.0.0.1:$PG_PORT"
+    pg_run "$PG_BIN/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start >/dev/null
+  fi
+  "$PG_BIN/psql" -h 127.0.0.1 -p "$PG_PORT" -U txhub -d postgres -tAc \
+    "SELECT 1 FROM pg_database WHERE datname='txhub'" | grep -q 1 \
+    || "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U txhub txhub
+}
+
+redis_up() {
+  mkdir -p "$VAR/redis"
+  if redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    log "Redis already running on 127.0.0.1:$REDIS_PORT"
+    return 0
+  fi
+  log "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes --dir "$VAR/redis" \
+    --pidfile "$VAR/redis/redis.pid" --logfile "$VAR/redis/redis.log" \
+    --appendonly yes --save ""
+  for _ in $(seq 50); do
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  log "Redis did not start; see var/redis/redis.log"; return 1
+}
+
+down() {
+  local data; data="$(pg_data_dir)"
+  if [ -f "$data/PG_VERSION" ]; then
+    pg_run "$PG_BIN/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 && log "Postgres stopped" || true
+  fi
+  redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 && log "Redis stopped" || true
+}
+
+case "${1:-up}" in
+  up)
+    ensure_debian_packages
+    ensure_venv
+    pg_up
+    redis_up
+    (cd "$ROOT" && "$VENV/bin/python" manage.py migrate --noinput -v 0)
+    ;;
+  down) down ;;
+  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make test`: set everything up, run the whole suite on real services, and stop again the
+# services this run started (a running `make run` keeps its own).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+was_running=0
+if command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p "${TXHUB_REDIS_PORT:-63799}" ping >/dev/null 2>&1; then
+  was_running=1
+fi
+scripts/services.sh up
+status=0
+.venv/bin/pytest "$@" || status=$?
+[ "$was_running" = 1 ] || scripts/services.sh down
+exit "$status"

@@ -1,0 +1,164 @@
+"""txhub settings: one file, every deployment knob read from the environment.
+
+With no environment set, everything points at the local services that `make run` starts
+(Postgres on 127.0.0.1:54329, Redis on 127.0.0.1:63799), so manage.py, Celery and the tests agree.
+"""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("TXHUB_DEBUG", False)
+# The development default is only for the local, loopback-only install `make run` creates.
+SECRET_KEY = env_str("TXHUB_SECRET_KEY", "txhub-local-development-only-not-a-secret")
+ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "apps.broker",
+    "apps.console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "txhub.urls"
+WSGI_APPLICATION = "txhub.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+TXHUB_PG_PORT = env_int("TXHUB_PG_PORT", 54329)
+TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
+        conn_max_age=0,
+    )
+}
+DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+if env_bool("TXHUB_DB_POOL", True):
+    # psycopg 3's pool: web threads and Celery tasks borrow a connection per request/task.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env_int("TXHUB_DB_POOL_MIN", 2),
+        "max_size": env_int("TXHUB_DB_POOL_MAX", 20),
+        "timeout": 10,
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
+
+LOGIN_URL = "/admin/login/"
+
+# A base64 body of 4 MiB is ~5.6 MB of JSON; the API's own parser enforces the real limits.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["apps.broker.api.auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["apps.broker.api.parsers.LimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "apps.broker.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "txhub API",
+    "DESCRIPTION": "Transactional messaging (RocketMQ half messages) over HTTP. "
+    "Contract: CONTRACT.md v1.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",  # served locally: the docs page works offline
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: Redis carries only triggers; Postgres is the source of truth.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/0")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "expire-deliveries": {
+        "task": "apps.broker.tasks.deliveries_expire_scan",
+        "schedule": timedelta(seconds=env_int("TXHUB_EXPIRE_SCAN_SECONDS", 5)),
+    },
+}
+
+# txhub behaviour (CONTRACT section 3 and 4).
+TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
+TXHUB_MAX_PROPERTIES = 128
+TXHUB_MAX_META_BYTES = 16 * 1024
+TXHUB_LONG_POLL_INTERVAL = float(os.environ.get("TXHUB_LONG_POLL_INTERVAL", "0.1"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("TXHUB_LOG_LEVEL", "INFO")},
+}

@@ -107,7 +107,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = os.environ.get("TXHUB_STATIC_ROOT") or None  # collectstatic target, if used
 WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
 
 LOGIN_URL = "/admin/login/"

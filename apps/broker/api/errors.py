@@ -4,6 +4,7 @@
 import logging
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
@@ -43,6 +44,9 @@ def _first_message(detail: Any) -> str:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BrokerError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        message = "The request body is too large: a message body has at most 4 MiB."
+        return Response(error_body("payload_too_large", message), status=413)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "Not found."), status=404)
     if isinstance(exc, (OperationalError, InterfaceError)):

@@ -1,0 +1,52 @@
+"""Topics, producer groups, consumer groups (CONTRACT section 3, Administration)."""
+
+from rest_framework.test import APIClient
+
+from apps.broker.models import MessageQueue, ProducerGroup
+
+
+def test_a_topic_is_created_with_its_queues(api: APIClient) -> None:
+    response = api.post("/api/v1/topics", {"name": "orders", "queues": 3}, format="json")
+    assert response.status_code == 201
+    assert MessageQueue.objects.filter(topic__name="orders").count() == 3
+    detail = api.get("/api/v1/topics/orders").json()
+    assert [q["max_offset"] for q in detail["queue_offsets"]] == [0, 0, 0]
+    assert [t["name"] for t in api.get("/api/v1/topics").json()] == ["orders"]
+
+
+def test_a_topic_that_exists_is_409(api: APIClient) -> None:
+    api.post("/api/v1/topics", {"name": "orders"}, format="json")
+    response = api.post("/api/v1/topics", {"name": "orders", "queues": 8}, format="json")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "conflict"
+    assert MessageQueue.objects.filter(topic__name="orders").count() == 4
+
+
+def test_an_unknown_topic_is_404(api: APIClient) -> None:
+    response = api.get("/api/v1/topics/nope")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+def test_a_producer_group_shows_its_secret_once_and_rotates(api: APIClient) -> None:
+    created = api.post(
+        "/api/v1/producer-groups", {"name": "pg", "check_url": "http://127.0.0.1:9000/check"}, format="json"
+    ).json()
+    assert created["signing_secret"].startswith("whsec_")
+    assert "signing_secret" not in api.get("/api/v1/producer-groups/pg").json()
+    rotated = api.post("/api/v1/producer-groups/pg/rotate-secret").json()
+    assert rotated["signing_secret"] != created["signing_secret"]
+    group = ProducerGroup.objects.get(name="pg")
+    assert group.previous_signing_secret == created["signing_secret"]
+    patched = api.patch(
+        "/api/v1/producer-groups/pg", {"check_url": "https://example.org/tx"}, format="json"
+    )
+    assert patched.json()["check_url"] == "https://example.org/tx"
+
+
+def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
+    created = api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json").json()
+    assert created["max_delivery_attempts"] == 16
+    assert created["consume_from"] == "first"
+    again = api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json")
+    assert again.status_code == 409

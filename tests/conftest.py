@@ -1,0 +1,124 @@
+"""Shared fixtures. Everything runs on the real Postgres and Redis that `make test` starts.
+
+- `api`: DRF's test client with an admin token, for behaviour tests (fast, same process).
+- `server`: a real gunicorn on the test database, for tests that speak HTTP from many threads.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from apps.broker.services import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def client_for(*scopes: str, name: str = "test") -> APIClient:
+    _, raw = registry.token_create(name=name, scopes=list(scopes))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def api(db: None) -> APIClient:
+    return client_for("admin", name="admin-test")
+
+
+@pytest.fixture
+def make_client(db: None) -> Callable[..., APIClient]:
+    return client_for
+
+
+@pytest.fixture
+def setup_topic(api: APIClient) -> Callable[..., dict[str, Any]]:
+    """Creates a topic, a producer group and a consumer group; returns their names."""
+
+    def make(
+        topic: str = "orders",
+        queues: int = 4,
+        producer: str = "order-service",
+        consumer: str = "billing",
+        **consumer_options: Any,
+    ) -> dict[str, Any]:
+        assert api.post("/api/v1/topics", {"name": topic, "queues": queues}, format="json").status_code == 201
+        assert api.post(
+            "/api/v1/producer-groups",
+            {"name": producer, "check_url": "http://127.0.0.1:9/check"},
+            format="json",
+        ).status_code == 201
+        assert api.post(
+            "/api/v1/consumer-groups", {"name": consumer, **consumer_options}, format="json"
+        ).status_code == 201
+        return {"topic": topic, "producer": producer, "consumer": consumer}
+
+    return make
+
+
+def test_database_url() -> str:
+    db = settings.DATABASES["default"]
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class Server:
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.session = requests.Session()
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def token(self, *scopes: str) -> dict[str, str]:
+        _, raw = registry.token_create(name="http-test", scopes=list(scopes))
+        return {"Authorization": f"Bearer {raw}"}
+
+
+@pytest.fixture(scope="session")
+def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """A real gunicorn (2 workers x 8 threads) serving the test database."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "TXHUB_DB_POOL_MAX": "12"}
+    log = open(ROOT / "var" / "test-gunicorn.log", "w")  # noqa: SIM115 - closed at teardown
+    process = subprocess.Popen(
+        [str(BIN / "gunicorn"), "txhub.wsgi:application", "--bind", f"127.0.0.1:{port}",
+         "--worker-class", "gthread", "--workers", "2", "--threads", "8"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        raise RuntimeError("gunicorn did not start; see var/test-gunicorn.log")
+    yield base
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture
+def server(gunicorn: str, transactional_db: None) -> Server:
+    return Server(gunicorn)

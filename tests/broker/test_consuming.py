@@ -1,0 +1,187 @@
+"""Consumers: invisible time, redelivery, dead-letter queue, resend, tags, long polling
+(CONTRACT invariant 6)."""
+
+import threading
+import time
+from typing import Any
+
+from django.db import connection
+from rest_framework.test import APIClient
+
+from apps.broker.models import Delivery
+
+
+def send(api: APIClient, body: str = "m", tags: str | None = None, topic: str = "orders") -> dict[str, Any]:
+    payload: dict[str, Any] = {"producer_group": "order-service", "body": body}
+    if tags:
+        payload["tags"] = tags
+    response = api.post(f"/api/v1/topics/{topic}/messages", payload, format="json")
+    assert response.status_code == 201, response.json()
+    return dict(response.json())
+
+
+def receive(api: APIClient, group: str = "billing", **extra: Any) -> list[dict[str, Any]]:
+    payload = {"topic": "orders", "invisible_seconds": 10, **extra}
+    response = api.post(f"/api/v1/consumer-groups/{group}/receive", payload, format="json")
+    assert response.status_code == 200, response.json()
+    return list(response.json()["messages"])
+
+
+def ack(api: APIClient, handles: list[str], group: str = "billing") -> dict[str, Any]:
+    response = api.post(f"/api/v1/consumer-groups/{group}/ack", {"receipt_handles": handles}, format="json")
+    assert response.status_code == 200
+    return dict(response.json())
+
+
+def test_a_received_message_is_invisible_until_acked_or_expired(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    sent = send(api)
+    [first] = receive(api)
+    assert first["msg_id"] == sent["msg_id"]
+    assert first["delivery_attempt"] == 1
+    assert receive(api) == []
+    assert ack(api, [first["receipt_handle"]]) == {"acked": [first["receipt_handle"]], "invalid": []}
+    assert receive(api) == []
+
+
+def test_unacked_comes_back_after_its_invisible_time_then_goes_to_the_dlq_and_resend_returns_it(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """Real time, no clock tricks: invisible_seconds is at least 10 by contract."""
+    setup_topic(max_delivery_attempts=2)
+    sent = send(api)
+    [first] = receive(api)
+    time.sleep(10.3)
+    [second] = receive(api)
+    assert second["msg_id"] == sent["msg_id"]
+    assert second["delivery_attempt"] == 2
+    assert ack(api, [first["receipt_handle"]])["invalid"] == [first["receipt_handle"]]
+    time.sleep(10.3)
+    assert receive(api) == []  # attempts used up: dead-lettered, not delivered a third time
+    dlq = api.get("/api/v1/consumer-groups/billing/dlq").json()
+    assert [m["msg_id"] for m in dlq["results"]] == [sent["msg_id"]]
+    assert dlq["results"][0]["body"] == "m"
+    status = api.get("/api/v1/consumer-groups/billing").json()
+    assert sum(q["dlq"] for q in status["queues"]) == 1
+    assert ack(api, [second["receipt_handle"]])["invalid"] == [second["receipt_handle"]]
+    resent = api.post(f"/api/v1/consumer-groups/billing/dlq/{sent['msg_id']}/resend")
+    assert resent.status_code == 200
+    [again] = receive(api)
+    assert again["msg_id"] == sent["msg_id"]
+    assert again["delivery_attempt"] == 1
+    assert ack(api, [again["receipt_handle"]])["acked"] == [again["receipt_handle"]]
+    assert api.get("/api/v1/consumer-groups/billing/dlq").json()["count"] == 0
+
+
+def test_an_expired_handle_is_invalid_and_never_fails_the_batch(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    send(api, "a")
+    send(api, "b")
+    messages = receive(api)
+    assert len(messages) == 2
+    expired, fresh = messages
+    # Let the first one's invisible time pass, as the clock would.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE broker_delivery SET invisible_until = now() - interval '1 second' WHERE id = %s",
+            [int(expired["receipt_handle"].split(".")[0])],
+        )
+    result = ack(api, [expired["receipt_handle"], fresh["receipt_handle"], "garbage", "9.x"])
+    assert result == {
+        "acked": [fresh["receipt_handle"]],
+        "invalid": [expired["receipt_handle"], "garbage", "9.x"],
+    }
+
+
+def test_another_groups_handle_is_invalid(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json")
+    send(api)
+    [message] = receive(api)
+    assert ack(api, [message["receipt_handle"]], group="audit")["invalid"] == [message["receipt_handle"]]
+
+
+def test_each_consumer_group_gets_every_message(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json")
+    ids = {send(api, str(i))["msg_id"] for i in range(5)}
+    assert {m["msg_id"] for m in receive(api)} == ids
+    assert {m["msg_id"] for m in receive(api, group="audit")} == ids
+
+
+def test_change_invisible_gives_a_new_handle_and_retires_the_old(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    send(api)
+    [message] = receive(api)
+    response = api.post(
+        "/api/v1/consumer-groups/billing/change-invisible",
+        {"receipt_handle": message["receipt_handle"], "invisible_seconds": 120},
+        format="json",
+    )
+    assert response.status_code == 200
+    new_handle = response.json()["receipt_handle"]
+    assert new_handle != message["receipt_handle"]
+    assert ack(api, [message["receipt_handle"], new_handle]) == {
+        "acked": [new_handle],
+        "invalid": [message["receipt_handle"]],
+    }
+    stale = api.post(
+        "/api/v1/consumer-groups/billing/change-invisible",
+        {"receipt_handle": message["receipt_handle"], "invisible_seconds": 120},
+        format="json",
+    )
+    assert stale.status_code == 400
+
+
+def test_tag_expression_filters(api: APIClient, setup_topic: Any) -> None:
+    setup_topic(queues=1)
+    a = send(api, tags="TagA")
+    send(api, tags="TagB")
+    c = send(api, tags="TagC")
+    got = receive(api, tag_expression="TagA || TagC")
+    assert [m["msg_id"] for m in got] == [a["msg_id"], c["msg_id"]]
+
+
+def test_consume_from_last_skips_what_was_there_before(api: APIClient, setup_topic: Any) -> None:
+    setup_topic(consume_from="last")
+    send(api, "old")
+    assert receive(api) == []
+    new = send(api, "new")
+    assert [m["msg_id"] for m in receive(api)] == [new["msg_id"]]
+
+
+def test_long_polling_answers_as_soon_as_a_message_arrives(
+    api: APIClient, setup_topic: Any, make_client: Any, transactional_db: None
+) -> None:
+    setup_topic()
+    producer = make_client("admin")
+    timer = threading.Timer(1.0, lambda: send(producer, "late"))
+    started = time.monotonic()
+    timer.start()
+    messages = receive(api, wait_seconds=10)
+    elapsed = time.monotonic() - started
+    timer.join()
+    assert [m["body"] for m in messages] == ["late"]
+    assert 0.9 < elapsed < 9, elapsed  # woke on the message, not at the end of the wait
+
+
+def test_long_polling_with_nothing_waits_the_whole_time(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    started = time.monotonic()
+    assert receive(api, wait_seconds=1) == []
+    assert time.monotonic() - started >= 1
+
+
+def test_group_status_shows_lag_in_flight_and_offsets(api: APIClient, setup_topic: Any) -> None:
+    setup_topic(queues=1)
+    for i in range(3):
+        send(api, str(i))
+    [message] = receive(api, max_messages=1)
+    status = api.get("/api/v1/consumer-groups/billing").json()
+    assert status["queues"] == [
+        {"topic": "orders", "queue_id": 0, "max_offset": 3, "consumer_offset": 1,
+         "ready": 2, "in_flight": 1, "lag": 3, "dlq": 0},
+    ]  # fmt: skip
+    ack(api, [message["receipt_handle"]])
+    assert api.get("/api/v1/consumer-groups/billing").json()["queues"][0]["lag"] == 2
+    assert Delivery.objects.get().state == "ACKED"

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench setup down clean
+.PHONY: run test lint bench setup down clean schema
 
 setup:
 	scripts/services.sh up
@@ -27,3 +27,6 @@ down:
 
 clean: down
 	rm -rf var
+
+schema: setup
+	$(PY) manage.py spectacular --file docs/openapi.yaml

@@ -5,3 +5,6 @@ class BrokerConfig(AppConfig):
     name = "apps.broker"
     label = "broker"
     verbose_name = "Broker"
+
+    def ready(self) -> None:
+        from apps.broker.api import schema  # noqa: F401 - registers the OpenAPI auth extension

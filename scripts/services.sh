@@ -4,7 +4,7 @@
 #
 #   scripts/services.sh up      install what is missing, start Postgres + Redis, migrate
 #   scripts/services.sh down    stop the Postgres + Redis started from this checkout
-#   scripts/services.sh env     print the environment the services answer on
+#   scripts/services.sh restart-postgres [--immediate]
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -123,5 +123,11 @@ case "${1:-up}" in
     (cd "$ROOT" && "$VENV/bin/python" manage.py migrate --noinput -v 0)
     ;;
   down) down ;;
-  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+  restart-postgres)
+    # --immediate: stop like a crash (no shutdown checkpoint; WAL replay on start). Used by tests.
+    mode=fast; [ "${2:-}" = "--immediate" ] && mode=immediate
+    pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -m "$mode" -w stop >/dev/null
+    pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -l "$(pg_data_dir)/server.log" -w -t 60 start >/dev/null
+    ;;
+  *) echo "usage: $0 up|down|restart-postgres [--immediate]" >&2; exit 2 ;;
 esac

@@ -84,6 +84,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
         conn_max_age=0,
+        # With the pool, Django checks each connection on checkout: after a Postgres restart no
+        # request is handed a dead connection.
+        conn_health_checks=True,
     )
 }
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"

@@ -1,0 +1,28 @@
+"""Celery beat + worker, real processes: the expiry scan dead-letters a message whose attempts
+are used up even when no consumer receives from the group any more."""
+
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from apps.broker.models import Delivery
+
+pytestmark = pytest.mark.e2e
+
+
+def test_beat_and_worker_move_an_exhausted_message_to_the_dlq(
+    celery_processes: None, api: APIClient, setup_topic: Any
+) -> None:
+    setup_topic(max_delivery_attempts=1)
+    api.post("/api/v1/topics/orders/messages", {"producer_group": "order-service", "body": "x"}, format="json")
+    response = api.post("/api/v1/consumer-groups/billing/receive", {"topic": "orders"}, format="json")
+    assert len(response.json()["messages"]) == 1
+    with connection.cursor() as cursor:  # its invisible time passes, and nobody receives again
+        cursor.execute("UPDATE broker_delivery SET invisible_until = now() - interval '1 second'")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Delivery.objects.get().state != "DLQ":
+        time.sleep(0.3)
+    assert Delivery.objects.get().state == "DLQ"

@@ -73,7 +73,7 @@ def setup_topic(api: APIClient) -> Callable[..., dict[str, Any]]:
     return make
 
 
-def testdb_url() -> str:
+def db_url_for_tests() -> str:
     db = settings.DATABASES["default"]
     return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
@@ -95,7 +95,7 @@ class Server:
 def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """A real gunicorn (2 workers x 8 threads) serving the test database."""
     port = free_port()
-    env = {**os.environ, "DATABASE_URL": testdb_url(), "TXHUB_DB_POOL_MAX": "12"}
+    env = {**os.environ, "DATABASE_URL": db_url_for_tests(), "TXHUB_DB_POOL_MAX": "12"}
     log = open(ROOT / "var" / "test-gunicorn.log", "w")  # noqa: SIM115 - closed at teardown
     process = subprocess.Popen(
         [str(BIN / "gunicorn"), "txhub.wsgi:application", "--bind", f"127.0.0.1:{port}",

@@ -80,18 +80,19 @@ TEMPLATES = [
 TXHUB_PG_PORT = env_int("TXHUB_PG_PORT", 54329)
 TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 
+# Persistent connections, checked at the start of each request or task: after a Postgres restart
+# each thread reconnects on its next request and none fails (docs/decisions/0003). psycopg's pool
+# stays available (TXHUB_DB_POOL=1) for deployments that want a hard cap on connections.
+DB_POOL = env_bool("TXHUB_DB_POOL", False)
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
-        conn_max_age=0,
-        # With the pool, Django checks each connection on checkout: after a Postgres restart no
-        # request is handed a dead connection.
+        conn_max_age=0 if DB_POOL else env_int("TXHUB_CONN_MAX_AGE", 300),
         conn_health_checks=True,
     )
 }
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
-if env_bool("TXHUB_DB_POOL", True):
-    # psycopg 3's pool: web threads and Celery tasks borrow a connection per request/task.
+if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env_int("TXHUB_DB_POOL_MIN", 2),
         "max_size": env_int("TXHUB_DB_POOL_MAX", 20),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, ROOT, testdb_url
+from tests.conftest import BIN, ROOT, db_url_for_tests
 
 TEST_BROKER_URL = f"redis://127.0.0.1:{os.environ.get('TXHUB_REDIS_PORT', '63799')}/1"
 
@@ -16,7 +16,7 @@ def celery_processes(transactional_db: None, tmp_path: Path) -> Iterator[None]:
     """A real Celery worker and beat on the test database and their own Redis database."""
     env = {
         **os.environ,
-        "DATABASE_URL": testdb_url(),
+        "DATABASE_URL": db_url_for_tests(),
         "CELERY_BROKER_URL": TEST_BROKER_URL,
         "TXHUB_EXPIRE_SCAN_SECONDS": "1",
     }

@@ -13,13 +13,13 @@ from django.db import connection
 
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
-from tests.conftest import BIN, ROOT, free_port, testdb_url
+from tests.conftest import BIN, ROOT, free_port, db_url_for_tests
 
 pytestmark = pytest.mark.e2e
 
 
 def start_gunicorn(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": testdb_url()}
+    env = {**os.environ, "DATABASE_URL": db_url_for_tests()}
     process = subprocess.Popen(
         [str(BIN / "gunicorn"), "txhub.wsgi:application", "--bind", f"127.0.0.1:{port}",
          "--worker-class", "gthread", "--workers", "1", "--threads", "4"],

@@ -59,15 +59,24 @@ def setup_topic(api: APIClient) -> Callable[..., dict[str, Any]]:
         consumer: str = "billing",
         **consumer_options: Any,
     ) -> dict[str, Any]:
-        assert api.post("/api/v1/topics", {"name": topic, "queues": queues}, format="json").status_code == 201
-        assert api.post(
-            "/api/v1/producer-groups",
-            {"name": producer, "check_url": "http://127.0.0.1:9/check"},
-            format="json",
-        ).status_code == 201
-        assert api.post(
-            "/api/v1/consumer-groups", {"name": consumer, **consumer_options}, format="json"
-        ).status_code == 201
+        assert (
+            api.post("/api/v1/topics", {"name": topic, "queues": queues}, format="json").status_code
+            == 201
+        )
+        assert (
+            api.post(
+                "/api/v1/producer-groups",
+                {"name": producer, "check_url": "http://127.0.0.1:9/check"},
+                format="json",
+            ).status_code
+            == 201
+        )
+        assert (
+            api.post(
+                "/api/v1/consumer-groups", {"name": consumer, **consumer_options}, format="json"
+            ).status_code
+            == 201
+        )
         return {"topic": topic, "producer": producer, "consumer": consumer}
 
     return make
@@ -98,10 +107,23 @@ def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     env = {**os.environ, "DATABASE_URL": db_url_for_tests(), "TXHUB_DB_POOL_MAX": "12"}
     log = open(ROOT / "var" / "test-gunicorn.log", "w")  # noqa: SIM115 - closed at teardown
     process = subprocess.Popen(
-        [str(BIN / "gunicorn"), "txhub.wsgi:application", "--bind", f"127.0.0.1:{port}",
-         "--worker-class", "gthread", "--workers", "2", "--threads", "8"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(BIN / "gunicorn"),
+            "txhub.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            "2",
+            "--threads",
+            "8",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

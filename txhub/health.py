@@ -24,5 +24,6 @@ def readyz(request: HttpRequest) -> JsonResponse:
     except Exception as error:  # noqa: BLE001
         checks["redis"] = f"error: {error.__class__.__name__}"
     ready = all(value == "ok" for value in checks.values())
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks},
-                        status=200 if ready else 503)  # fmt: skip
+    return JsonResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+    )

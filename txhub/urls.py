@@ -8,10 +8,16 @@ urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
     path("api/v1/", include("apps.broker.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]), name="schema"),
+    path(
+        "api/schema/",
+        SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
+        name="schema",
+    ),
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[], authentication_classes=[]),
+        SpectacularSwaggerView.as_view(
+            url_name="schema", permission_classes=[], authentication_classes=[]
+        ),
         name="api-docs",
     ),
     path("admin/", admin.site.urls),

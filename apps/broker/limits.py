@@ -10,8 +10,26 @@ RESERVED_PREFIXES = ("rmq_sys_", "txhub_")
 MAX_TAG_CHARS = 128
 
 # RocketMQ's messageDelayLevel, in seconds: 1s 5s 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
-DELAY_LEVEL_SECONDS = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
-                       1200, 1800, 3600, 7200)  # fmt: skip
+DELAY_LEVEL_SECONDS = (
+    1,
+    5,
+    10,
+    30,
+    60,
+    120,
+    180,
+    240,
+    300,
+    360,
+    420,
+    480,
+    540,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
 
 
 class LimitError(ValueError):
@@ -45,8 +63,9 @@ def check_body_size(body: bytes) -> bytes:
         raise LimitError("The body must have at least 1 byte.")
     limit: int = settings.TXHUB_MAX_BODY_BYTES
     if len(body) > limit:
-        raise LimitError(f"The body is {len(body)} bytes; at most {limit} are accepted.",
-                         too_large=True)  # fmt: skip
+        raise LimitError(
+            f"The body is {len(body)} bytes; at most {limit} are accepted.", too_large=True
+        )
     return body
 
 

@@ -145,7 +145,9 @@ class HalfMessage(MessageFields):
                 name="half_due_check_idx",
                 condition=Q(state="PREPARED"),
             ),
-            models.Index(fields=["producer_group", "state", "born_at"], name="half_group_state_idx"),
+            models.Index(
+                fields=["producer_group", "state", "born_at"], name="half_group_state_idx"
+            ),
             models.Index(fields=["state", "born_at"], name="half_state_born_idx"),
         ]
 
@@ -228,6 +230,9 @@ class ConsumerCursor(models.Model):
             )
         ]
 
+    def __str__(self) -> str:
+        return f"{self.group_id}@{self.topic_id}:{self.queue_id}={self.next_offset}"
+
 
 class DeliveryState(models.TextChoices):
     INFLIGHT = "INFLIGHT"  # received, or waiting to be received again once invisible_until passes
@@ -254,9 +259,7 @@ class Delivery(models.Model):
     dlq_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["group", "message"], name="delivery_unique")
-        ]
+        constraints = [models.UniqueConstraint(fields=["group", "message"], name="delivery_unique")]
         indexes = [
             models.Index(
                 fields=["group", "topic", "invisible_until"],
@@ -267,3 +270,6 @@ class Delivery(models.Model):
                 fields=["group", "dlq_at"], name="delivery_dlq_idx", condition=Q(state="DLQ")
             ),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.message_id} {self.state}"

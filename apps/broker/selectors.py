@@ -109,7 +109,7 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
         (q.topic_id, q.queue_id): q.next_offset
         for q in MessageQueue.objects.filter(topic__in={c.topic_id for c in cursors})
     }
-    counts = {
+    counts: dict[tuple[int, int], Any] = {
         (row["topic_id"], row["message__queue_id"]): row
         for row in Delivery.objects.filter(group=group)
         .values("topic_id", "message__queue_id")

@@ -30,7 +30,9 @@ def test_an_unknown_topic_is_404(api: APIClient) -> None:
 
 def test_a_producer_group_shows_its_secret_once_and_rotates(api: APIClient) -> None:
     created = api.post(
-        "/api/v1/producer-groups", {"name": "pg", "check_url": "http://127.0.0.1:9000/check"}, format="json"
+        "/api/v1/producer-groups",
+        {"name": "pg", "check_url": "http://127.0.0.1:9000/check"},
+        format="json",
     ).json()
     assert created["signing_secret"].startswith("whsec_")
     assert "signing_secret" not in api.get("/api/v1/producer-groups/pg").json()

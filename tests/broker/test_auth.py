@@ -43,9 +43,15 @@ def test_sending_for_a_group_outside_the_token_scope_is_403_and_stores_nothing(
     assert HalfMessage.objects.count() == 0
 
 
-def test_another_groups_transaction_answers_404(make_client: Any, api: APIClient, setup_topic: Any) -> None:
+def test_another_groups_transaction_answers_404(
+    make_client: Any, api: APIClient, setup_topic: Any
+) -> None:
     names = setup_topic()
-    api.post("/api/v1/producer-groups", {"name": "other", "check_url": "http://127.0.0.1:9/"}, format="json")
+    api.post(
+        "/api/v1/producer-groups",
+        {"name": "other", "check_url": "http://127.0.0.1:9/"},
+        format="json",
+    )
     tx = api.post(
         "/api/v1/transactions",
         {"producer_group": names["producer"], "topic": names["topic"], "body": "x"},
@@ -65,13 +71,23 @@ def test_another_groups_transaction_answers_404(make_client: Any, api: APIClient
 def test_a_consumer_token_is_limited_to_its_group(make_client: Any, setup_topic: Any) -> None:
     names = setup_topic()
     mine = make_client(f"consume:{names['consumer']}")
-    assert mine.post(
-        f"/api/v1/consumer-groups/{names['consumer']}/receive", {"topic": names["topic"]}, format="json"
-    ).status_code == 200
+    assert (
+        mine.post(
+            f"/api/v1/consumer-groups/{names['consumer']}/receive",
+            {"topic": names["topic"]},
+            format="json",
+        ).status_code
+        == 200
+    )
     other = make_client("consume:someone-else")
-    assert other.post(
-        f"/api/v1/consumer-groups/{names['consumer']}/receive", {"topic": names["topic"]}, format="json"
-    ).status_code == 403
+    assert (
+        other.post(
+            f"/api/v1/consumer-groups/{names['consumer']}/receive",
+            {"topic": names["topic"]},
+            format="json",
+        ).status_code
+        == 403
+    )
     assert other.get(f"/api/v1/consumer-groups/{names['consumer']}").status_code == 403
 
 
@@ -88,7 +104,9 @@ def test_a_revoked_token_fails_at_once(api: APIClient) -> None:
 def test_tokens_are_stored_hashed(api: APIClient) -> None:
     from apps.broker.models import ApiToken
 
-    created = api.post("/api/v1/tokens", {"name": "ci", "scopes": ["consume:g"]}, format="json").json()
+    created = api.post(
+        "/api/v1/tokens", {"name": "ci", "scopes": ["consume:g"]}, format="json"
+    ).json()
     stored = ApiToken.objects.get(id=created["id"])
     assert created["token"] not in stored.token_hash
     assert "token" not in api.get("/api/v1/tokens").json()[0]
@@ -97,7 +115,8 @@ def test_tokens_are_stored_hashed(api: APIClient) -> None:
 def test_create_token_command_prints_the_token_alone(db: None, capsys: Any) -> None:
     call_command("create_token", "ops", "--scope", "admin")
     printed = capsys.readouterr().out.strip()
-    assert printed.startswith("txh_") and " " not in printed
+    assert printed.startswith("txh_")
+    assert " " not in printed
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {printed}")
     assert client.get("/api/v1/topics").status_code == 200

@@ -21,8 +21,12 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("body not a string", {"body": 42}, 400, "body"),
     ("body_base64 not base64", {"body": None, "body_base64": "%%%"}, 400, "body_base64"),
     ("body over 4 MiB", {"body": "x" * (MIB4 + 1)}, 413, ""),
-    ("base64 body over 4 MiB", {"body": None,
-     "body_base64": base64.b64encode(b"\0" * (MIB4 + 1)).decode()}, 413, ""),  # fmt: skip
+    (
+        "base64 body over 4 MiB",
+        {"body": None, "body_base64": base64.b64encode(b"\0" * (MIB4 + 1)).decode()},
+        413,
+        "",
+    ),
     ("missing producer group", {"producer_group": None}, 400, "producer_group"),
     ("group name with a space", {"producer_group": "order service"}, 400, "producer_group"),
     ("group name too long", {"producer_group": "g" * 128}, 400, "producer_group"),
@@ -72,7 +76,10 @@ def test_bad_message_is_refused_and_stores_nothing(
     api: APIClient, setup_topic: Any, name: str, changes: dict[str, Any], status: int, field: str
 ) -> None:
     setup_topic()
-    for path, extra in (("/api/v1/topics/orders/messages", {}), ("/api/v1/transactions", {"topic": "orders"})):
+    for path, extra in (
+        ("/api/v1/topics/orders/messages", {}),
+        ("/api/v1/transactions", {"topic": "orders"}),
+    ):
         response = api.post(path, {**message_with(changes), **extra}, format="json")
         error = assert_error_format(response, status)
         assert error["code"] == ("payload_too_large" if status == 413 else "invalid_request")
@@ -83,14 +90,21 @@ def test_bad_message_is_refused_and_stores_nothing(
 
 @pytest.mark.parametrize(
     ("body", "content_type"),
-    [(b"{bad json", "application/json"), (b"[1, 2]", "application/json"), (b"", "application/json"),
-     (b"body=x", "application/x-www-form-urlencoded"), (b"null", "application/json")],  # fmt: skip
+    [
+        ("{bad json", "application/json"),
+        ("[1, 2]", "application/json"),
+        ("", "application/json"),
+        ("body=x", "application/x-www-form-urlencoded"),
+        ("null", "application/json"),
+    ],
 )
 def test_a_body_that_is_not_a_json_object_is_400(
-    api: APIClient, setup_topic: Any, body: bytes, content_type: str
+    api: APIClient, setup_topic: Any, body: str, content_type: str
 ) -> None:
     setup_topic()
-    response = api.generic("POST", "/api/v1/topics/orders/messages", body, content_type=content_type)
+    response = api.generic(
+        "POST", "/api/v1/topics/orders/messages", body, content_type=content_type
+    )
     assert response.status_code in {400, 415}
     assert response.json()["error"]["code"] == "invalid_request"
     assert_nothing_stored()
@@ -98,8 +112,10 @@ def test_a_body_that_is_not_a_json_object_is_400(
 
 def test_a_text_body_that_is_not_utf8_is_400(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
-    raw = b'{"producer_group": "order-service", "body": "\\ud800"}'  # a lone surrogate
-    response = api.generic("POST", "/api/v1/topics/orders/messages", raw, content_type="application/json")
+    raw = '{"producer_group": "order-service", "body": "\\ud800"}'  # a lone surrogate
+    response = api.generic(
+        "POST", "/api/v1/topics/orders/messages", raw, content_type="application/json"
+    )
     assert "body" in assert_error_format(response, 400)["details"]
     assert_nothing_stored()
 
@@ -113,9 +129,15 @@ def test_an_unknown_topic_is_404_and_stores_nothing(api: APIClient, setup_topic:
     assert_nothing_stored()
 
 
-def test_an_unknown_producer_group_is_404_and_stores_nothing(api: APIClient, setup_topic: Any) -> None:
+def test_an_unknown_producer_group_is_404_and_stores_nothing(
+    api: APIClient, setup_topic: Any
+) -> None:
     setup_topic()
-    response = api.post("/api/v1/transactions", {**GOOD, "topic": "orders", "producer_group": "ghost"}, format="json")
+    response = api.post(
+        "/api/v1/transactions",
+        {**GOOD, "topic": "orders", "producer_group": "ghost"},
+        format="json",
+    )
     assert assert_error_format(response, 404)["code"] == "not_found"
     assert_nothing_stored()
 
@@ -130,8 +152,10 @@ def test_a_body_of_exactly_4_mib_is_accepted(api: APIClient, setup_topic: Any) -
 
 def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
-    huge = b'{"producer_group": "order-service", "body": "' + b"x" * (9 * 1024 * 1024) + b'"}'
-    response = api.generic("POST", "/api/v1/topics/orders/messages", huge, content_type="application/json")
+    huge = '{"producer_group": "order-service", "body": "' + "x" * (9 * 1024 * 1024) + '"}'
+    response = api.generic(
+        "POST", "/api/v1/topics/orders/messages", huge, content_type="application/json"
+    )
     assert assert_error_format(response, 413)["code"] == "payload_too_large"
     assert_nothing_stored()
 
@@ -145,7 +169,11 @@ def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) ->
         ("/api/v1/topics", {"name": "t", "queues": "4"}, "queues"),
         ("/api/v1/producer-groups", {"name": "g", "check_url": "not a url"}, "check_url"),
         ("/api/v1/producer-groups", {"name": "g"}, "check_url"),
-        ("/api/v1/consumer-groups", {"name": "g", "max_delivery_attempts": 0}, "max_delivery_attempts"),
+        (
+            "/api/v1/consumer-groups",
+            {"name": "g", "max_delivery_attempts": 0},
+            "max_delivery_attempts",
+        ),
         ("/api/v1/consumer-groups", {"name": "g", "consume_from": "middle"}, "consume_from"),
         ("/api/v1/tokens", {"name": "t", "scopes": []}, "scopes"),
         ("/api/v1/tokens", {"name": "t", "scopes": ["root"]}, "scopes"),
@@ -177,7 +205,9 @@ def test_bad_administration_input_is_400_and_stores_nothing(
         ({}, "topic"),
     ],
 )
-def test_bad_receive_input_is_400(api: APIClient, setup_topic: Any, payload: dict[str, Any], field: str) -> None:
+def test_bad_receive_input_is_400(
+    api: APIClient, setup_topic: Any, payload: dict[str, Any], field: str
+) -> None:
     setup_topic()
     response = api.post("/api/v1/consumer-groups/billing/receive", payload, format="json")
     assert field in assert_error_format(response, 400)["details"]

@@ -13,28 +13,41 @@ from tests.conftest import Server
 N = 32
 
 
-def post(server: Server, headers: dict[str, str], path: str, payload: dict[str, Any] | None = None) -> requests.Response:
+def post(
+    server: Server, headers: dict[str, str], path: str, payload: dict[str, Any] | None = None
+) -> requests.Response:
     return requests.post(server.url(path), json=payload or {}, headers=headers, timeout=30)
 
 
 def test_concurrent_commit_and_rollback_resolve_each_transaction_once(server: Server) -> None:
     admin = server.token("admin")
     post(server, admin, "/api/v1/topics", {"name": "orders", "queues": 2})
-    post(server, admin, "/api/v1/producer-groups", {"name": "shop", "check_url": "http://127.0.0.1:9/"})
+    post(
+        server,
+        admin,
+        "/api/v1/producer-groups",
+        {"name": "shop", "check_url": "http://127.0.0.1:9/"},
+    )
     post(server, admin, "/api/v1/consumer-groups", {"name": "billing"})
     producer = server.token("produce:shop")
     ids = [
-        post(server, producer, "/api/v1/transactions",
-             {"producer_group": "shop", "topic": "orders", "body": f"order {i}"}).json()["transaction_id"]
+        post(
+            server,
+            producer,
+            "/api/v1/transactions",
+            {"producer_group": "shop", "topic": "orders", "body": f"order {i}"},
+        ).json()["transaction_id"]
         for i in range(N)
-    ]  # fmt: skip
+    ]
 
     def race(transaction_id: str) -> dict[str, int]:
         barrier = threading.Barrier(2)
 
         def resolve(outcome: str) -> int:
             barrier.wait()
-            return post(server, producer, f"/api/v1/transactions/{transaction_id}/{outcome}").status_code
+            return post(
+                server, producer, f"/api/v1/transactions/{transaction_id}/{outcome}"
+            ).status_code
 
         with ThreadPoolExecutor(2) as pool:
             commit = pool.submit(resolve, "commit")
@@ -59,8 +72,12 @@ def test_concurrent_commit_and_rollback_resolve_each_transaction_once(server: Se
     consumer = server.token("consume:billing")
     received: set[str] = set()
     while True:
-        batch = post(server, consumer, "/api/v1/consumer-groups/billing/receive",
-                     {"topic": "orders", "max_messages": 32}).json()["messages"]  # fmt: skip
+        batch = post(
+            server,
+            consumer,
+            "/api/v1/consumer-groups/billing/receive",
+            {"topic": "orders", "max_messages": 32},
+        ).json()["messages"]
         if not batch:
             break
         received |= {m["msg_id"] for m in batch}

@@ -11,7 +11,9 @@ from rest_framework.test import APIClient
 from apps.broker.models import Delivery
 
 
-def send(api: APIClient, body: str = "m", tags: str | None = None, topic: str = "orders") -> dict[str, Any]:
+def send(
+    api: APIClient, body: str = "m", tags: str | None = None, topic: str = "orders"
+) -> dict[str, Any]:
     payload: dict[str, Any] = {"producer_group": "order-service", "body": body}
     if tags:
         payload["tags"] = tags
@@ -28,19 +30,26 @@ def receive(api: APIClient, group: str = "billing", **extra: Any) -> list[dict[s
 
 
 def ack(api: APIClient, handles: list[str], group: str = "billing") -> dict[str, Any]:
-    response = api.post(f"/api/v1/consumer-groups/{group}/ack", {"receipt_handles": handles}, format="json")
+    response = api.post(
+        f"/api/v1/consumer-groups/{group}/ack", {"receipt_handles": handles}, format="json"
+    )
     assert response.status_code == 200
     return dict(response.json())
 
 
-def test_a_received_message_is_invisible_until_acked_or_expired(api: APIClient, setup_topic: Any) -> None:
+def test_a_received_message_is_invisible_until_acked_or_expired(
+    api: APIClient, setup_topic: Any
+) -> None:
     setup_topic()
     sent = send(api)
     [first] = receive(api)
     assert first["msg_id"] == sent["msg_id"]
     assert first["delivery_attempt"] == 1
     assert receive(api) == []
-    assert ack(api, [first["receipt_handle"]]) == {"acked": [first["receipt_handle"]], "invalid": []}
+    assert ack(api, [first["receipt_handle"]]) == {
+        "acked": [first["receipt_handle"]],
+        "invalid": [],
+    }
     assert receive(api) == []
 
 
@@ -73,7 +82,9 @@ def test_unacked_comes_back_after_its_invisible_time_then_goes_to_the_dlq_and_re
     assert api.get("/api/v1/consumer-groups/billing/dlq").json()["count"] == 0
 
 
-def test_an_expired_handle_is_invalid_and_never_fails_the_batch(api: APIClient, setup_topic: Any) -> None:
+def test_an_expired_handle_is_invalid_and_never_fails_the_batch(
+    api: APIClient, setup_topic: Any
+) -> None:
     setup_topic()
     send(api, "a")
     send(api, "b")
@@ -83,7 +94,8 @@ def test_an_expired_handle_is_invalid_and_never_fails_the_batch(api: APIClient, 
     # Let the first one's invisible time pass, as the clock would.
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE broker_delivery SET invisible_until = now() - interval '1 second' WHERE id = %s",
+            "UPDATE broker_delivery SET invisible_until = now() - interval '1 second' "
+            "WHERE id = %s",
             [int(expired["receipt_handle"].split(".")[0])],
         )
     result = ack(api, [expired["receipt_handle"], fresh["receipt_handle"], "garbage", "9.x"])
@@ -98,7 +110,9 @@ def test_another_groups_handle_is_invalid(api: APIClient, setup_topic: Any) -> N
     api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json")
     send(api)
     [message] = receive(api)
-    assert ack(api, [message["receipt_handle"]], group="audit")["invalid"] == [message["receipt_handle"]]
+    assert ack(api, [message["receipt_handle"]], group="audit")["invalid"] == [
+        message["receipt_handle"]
+    ]
 
 
 def test_each_consumer_group_gets_every_message(api: APIClient, setup_topic: Any) -> None:
@@ -109,7 +123,9 @@ def test_each_consumer_group_gets_every_message(api: APIClient, setup_topic: Any
     assert {m["msg_id"] for m in receive(api, group="audit")} == ids
 
 
-def test_change_invisible_gives_a_new_handle_and_retires_the_old(api: APIClient, setup_topic: Any) -> None:
+def test_change_invisible_gives_a_new_handle_and_retires_the_old(
+    api: APIClient, setup_topic: Any
+) -> None:
     setup_topic()
     send(api)
     [message] = receive(api)
@@ -179,9 +195,17 @@ def test_group_status_shows_lag_in_flight_and_offsets(api: APIClient, setup_topi
     [message] = receive(api, max_messages=1)
     status = api.get("/api/v1/consumer-groups/billing").json()
     assert status["queues"] == [
-        {"topic": "orders", "queue_id": 0, "max_offset": 3, "consumer_offset": 1,
-         "ready": 2, "in_flight": 1, "lag": 3, "dlq": 0},
-    ]  # fmt: skip
+        {
+            "topic": "orders",
+            "queue_id": 0,
+            "max_offset": 3,
+            "consumer_offset": 1,
+            "ready": 2,
+            "in_flight": 1,
+            "lag": 3,
+            "dlq": 0,
+        },
+    ]
     ack(api, [message["receipt_handle"]])
     assert api.get("/api/v1/consumer-groups/billing").json()["queues"][0]["lag"] == 2
     assert Delivery.objects.get().state == "ACKED"

@@ -20,7 +20,9 @@ PRODUCER = Actor(Resolver.PRODUCER, "test")
 
 def prepare(topic: Topic, group: ProducerGroup, body: str) -> Any:
     message = OutgoingMessage(producer_group=group.name, body=body.encode(), body_is_binary=False)
-    return transactions.transaction_prepare(producer_group=group, topic=topic, message=message, actor=PRODUCER)
+    return transactions.transaction_prepare(
+        producer_group=group, topic=topic, message=message, actor=PRODUCER
+    )
 
 
 def test_a_commit_that_becomes_visible_late_is_not_skipped(transactional_db: None) -> None:
@@ -29,7 +31,9 @@ def test_a_commit_that_becomes_visible_late_is_not_skipped(transactional_db: Non
     and the cursor move past A's offset 0 for ever."""
     topic = registry.topic_create(name="orders", queues=1)
     group = registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
-    consumers = registry.consumer_group_create(name="billing", max_delivery_attempts=16, consume_from="first")
+    consumers = registry.consumer_group_create(
+        name="billing", max_delivery_attempts=16, consume_from="first"
+    )
     first, second = prepare(topic, group, "A"), prepare(topic, group, "B")
     a_has_committed_in_its_transaction = threading.Event()
     received: list[str] = []
@@ -50,8 +54,12 @@ def test_a_commit_that_becomes_visible_late_is_not_skipped(transactional_db: Non
         a_has_committed_in_its_transaction.wait()
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline and len(received) < 2:
-            for r in consuming.message_receive(group=ConsumerGroup.objects.get(pk=consumers.pk),
-                                               topic=topic, max_messages=32, invisible_seconds=60):
+            for r in consuming.message_receive(
+                group=ConsumerGroup.objects.get(pk=consumers.pk),
+                topic=topic,
+                max_messages=32,
+                invisible_seconds=60,
+            ):
                 received.append(bytes(r.message.body).decode())
             time.sleep(0.05)
         connection.close()
@@ -87,11 +95,17 @@ def test_concurrent_producers_and_held_transactions_lose_no_offset(server: Serve
         session = requests.Session()
         rng = random.Random(worker)  # noqa: S311
         for i in range(15):
-            tx = session.post(server.url("/api/v1/transactions"), headers=producer, timeout=30, json={
-                "producer_group": "shop", "topic": "ledger", "body": f"{worker}-{i}"}).json()  # fmt: skip
+            tx = session.post(
+                server.url("/api/v1/transactions"),
+                headers=producer,
+                timeout=30,
+                json={"producer_group": "shop", "topic": "ledger", "body": f"{worker}-{i}"},
+            ).json()
             time.sleep(rng.random() * 0.05)  # some transactions stay open while others commit
             resolved = session.post(
-                server.url(f"/api/v1/transactions/{tx['transaction_id']}/commit"), headers=producer, timeout=30
+                server.url(f"/api/v1/transactions/{tx['transaction_id']}/commit"),
+                headers=producer,
+                timeout=30,
             )
             assert resolved.status_code == 200
             with lock:
@@ -101,13 +115,21 @@ def test_concurrent_producers_and_held_transactions_lose_no_offset(server: Serve
         session = requests.Session()
         idle_after_done = 0
         while idle_after_done < 3:
-            batch = session.post(server.url("/api/v1/consumer-groups/audit/receive"), headers=consumer,
-                                 json={"topic": "ledger", "max_messages": 32}, timeout=30).json()["messages"]  # fmt: skip
+            batch = session.post(
+                server.url("/api/v1/consumer-groups/audit/receive"),
+                headers=consumer,
+                json={"topic": "ledger", "max_messages": 32},
+                timeout=30,
+            ).json()["messages"]
             for message in batch:
                 received[message["msg_id"]] = message["queue_offset"]
             if batch:
-                session.post(server.url("/api/v1/consumer-groups/audit/ack"), headers=consumer, timeout=30,
-                             json={"receipt_handles": [m["receipt_handle"] for m in batch]})  # fmt: skip
+                session.post(
+                    server.url("/api/v1/consumer-groups/audit/ack"),
+                    headers=consumer,
+                    timeout=30,
+                    json={"receipt_handles": [m["receipt_handle"] for m in batch]},
+                )
             elif producers_done.is_set():
                 idle_after_done += 1
 

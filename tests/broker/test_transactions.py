@@ -13,7 +13,12 @@ from apps.broker.services.transactions import Actor
 def prepare(api: APIClient, names: dict[str, Any], **extra: Any) -> dict[str, Any]:
     response = api.post(
         "/api/v1/transactions",
-        {"producer_group": names["producer"], "topic": names["topic"], "body": "order 9527", **extra},
+        {
+            "producer_group": names["producer"],
+            "topic": names["topic"],
+            "body": "order 9527",
+            **extra,
+        },
         format="json",
     )
     assert response.status_code == 201, response.json()
@@ -45,7 +50,9 @@ def test_a_prepared_message_is_never_delivered(api: APIClient, setup_topic: Any)
     assert CommitLogEntry.objects.count() == 0
 
 
-def test_a_committed_message_is_delivered_once_with_its_fields(api: APIClient, setup_topic: Any) -> None:
+def test_a_committed_message_is_delivered_once_with_its_fields(
+    api: APIClient, setup_topic: Any
+) -> None:
     names = setup_topic()
     tx = prepare(api, names, tags="created", keys=["9527"], properties={"a": "b"})
     response = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
@@ -92,7 +99,9 @@ def test_repeating_a_commit_answers_the_same(api: APIClient, setup_topic: Any) -
     assert OpRecord.objects.filter(op="COMMIT").count() == 1
 
 
-def test_rollback_after_commit_is_refused_and_changes_nothing(api: APIClient, setup_topic: Any) -> None:
+def test_rollback_after_commit_is_refused_and_changes_nothing(
+    api: APIClient, setup_topic: Any
+) -> None:
     names = setup_topic()
     tx = prepare(api, names)
     api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
@@ -127,7 +136,9 @@ def test_history_keeps_who_decided_and_why(api: APIClient, setup_topic: Any) -> 
     names = setup_topic()
     tx = prepare(api, names)
     api.post(
-        f"/api/v1/transactions/{tx['transaction_id']}/rollback", {"reason": "out of stock"}, format="json"
+        f"/api/v1/transactions/{tx['transaction_id']}/rollback",
+        {"reason": "out of stock"},
+        format="json",
     )
     history = api.get(f"/api/v1/transactions/{tx['transaction_id']}").json()["history"]
     assert [(h["op"], h["source"], h["reason"]) for h in history] == [
@@ -181,7 +192,9 @@ def test_list_filters_by_state_and_age(api: APIClient, setup_topic: Any) -> None
     pending = prepare(api, names)
     done = prepare(api, names)
     api.post(f"/api/v1/transactions/{done['transaction_id']}/commit", format="json")
-    page = api.get("/api/v1/transactions", {"producer_group": names["producer"], "state": "PREPARED"})
+    page = api.get(
+        "/api/v1/transactions", {"producer_group": names["producer"], "state": "PREPARED"}
+    )
     assert [t["transaction_id"] for t in page.json()["results"]] == [pending["transaction_id"]]
     assert page.json()["count"] == 1
     old = api.get("/api/v1/transactions", {"older_than_seconds": 3600}).json()

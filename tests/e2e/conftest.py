@@ -23,14 +23,37 @@ def celery_processes(transactional_db: None, tmp_path: Path) -> Iterator[None]:
     logs = tmp_path / "celery.log"
     with logs.open("w") as log:
         worker = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "txhub", "worker", "--concurrency", "2", "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                str(BIN / "celery"),
+                "-A",
+                "txhub",
+                "worker",
+                "--concurrency",
+                "2",
+                "--loglevel",
+                "INFO",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         beat = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "txhub", "beat", "--loglevel", "INFO",
-             "--schedule", str(tmp_path / "beat-schedule")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                str(BIN / "celery"),
+                "-A",
+                "txhub",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(tmp_path / "beat-schedule"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield
         finally:

@@ -13,7 +13,7 @@ from django.db import connection
 
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
-from tests.conftest import BIN, ROOT, free_port, db_url_for_tests
+from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -21,11 +21,24 @@ pytestmark = pytest.mark.e2e
 def start_gunicorn(port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DATABASE_URL": db_url_for_tests()}
     process = subprocess.Popen(
-        [str(BIN / "gunicorn"), "txhub.wsgi:application", "--bind", f"127.0.0.1:{port}",
-         "--worker-class", "gthread", "--workers", "1", "--threads", "4"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(BIN / "gunicorn"),
+            "txhub.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            "1",
+            "--threads",
+            "4",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     for _ in range(100):
         try:
             requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
@@ -46,19 +59,31 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
     web = start_gunicorn(port)
     acknowledged = []
     for i in range(20):
-        sent = requests.post(f"{base}/topics/orders/messages", headers=headers, timeout=10,
-                             json={"producer_group": "shop", "body": f"sent {i}"})  # fmt: skip
+        sent = requests.post(
+            f"{base}/topics/orders/messages",
+            headers=headers,
+            timeout=10,
+            json={"producer_group": "shop", "body": f"sent {i}"},
+        )
         assert sent.status_code == 201
         acknowledged.append(sent.json()["msg_id"])
-        tx = requests.post(f"{base}/transactions", headers=headers, timeout=10,
-                           json={"producer_group": "shop", "topic": "orders", "body": f"tx {i}"}).json()  # fmt: skip
-        committed = requests.post(f"{base}/transactions/{tx['transaction_id']}/commit", headers=headers, timeout=10)
+        tx = requests.post(
+            f"{base}/transactions",
+            headers=headers,
+            timeout=10,
+            json={"producer_group": "shop", "topic": "orders", "body": f"tx {i}"},
+        ).json()
+        committed = requests.post(
+            f"{base}/transactions/{tx['transaction_id']}/commit", headers=headers, timeout=10
+        )
         assert committed.status_code == 200
         acknowledged.append(tx["msg_id"])
 
     os.killpg(web.pid, signal.SIGKILL)
     web.wait()
-    subprocess.run([str(ROOT / "scripts" / "services.sh"), "restart-postgres", "--immediate"], check=True)
+    subprocess.run(
+        [str(ROOT / "scripts" / "services.sh"), "restart-postgres", "--immediate"], check=True
+    )
     connection.close()  # this test's own connection died with the server; the pool hands a new one
 
     assert set(CommitLogEntry.objects.values_list("msg_id", flat=True)) == set(acknowledged)
@@ -66,8 +91,12 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
     try:
         received = set()
         for _ in range(5):
-            batch = requests.post(f"{base}/consumer-groups/billing/receive", headers=headers, timeout=10,
-                                  json={"topic": "orders", "max_messages": 32}).json()["messages"]  # fmt: skip
+            batch = requests.post(
+                f"{base}/consumer-groups/billing/receive",
+                headers=headers,
+                timeout=10,
+                json={"topic": "orders", "max_messages": 32},
+            ).json()["messages"]
             received |= {m["msg_id"] for m in batch}
         assert received == set(acknowledged)
     finally:

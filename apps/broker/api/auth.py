@@ -42,7 +42,9 @@ class BearerTokenAuthentication(BaseAuthentication):
         if not parts or parts[0].lower() != b"bearer":
             return None
         if len(parts) != 2:
-            raise exceptions.AuthenticationFailed("The Authorization header must be 'Bearer <token>'.")
+            raise exceptions.AuthenticationFailed(
+                "The Authorization header must be 'Bearer <token>'."
+            )
         raw = parts[1].decode("latin-1")
         # Looked up on every request: a revoked token fails at once, on every web process.
         token = ApiToken.objects.filter(token_hash=hash_token(raw)).first()

@@ -69,7 +69,7 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         details = exc.detail if isinstance(exc.detail, dict) else {"errors": exc.detail}
     elif isinstance(exc, exceptions.Throttled):
         message = str(exc.detail)
-        details = {"retry_after": exc.wait}
+        details = {"retry_after": getattr(exc, "wait", None)}
     else:
         message = str(exc.detail)
     if isinstance(exc, exceptions.ParseError):

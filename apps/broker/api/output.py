@@ -6,7 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from apps.broker.models import CommitLogEntry, Delivery, HalfMessage
-from apps.broker.services.consuming import Received, receipt_handle_of
+from apps.broker.services.consuming import Received
 
 
 def body_fields(message: HalfMessage | CommitLogEntry) -> dict[str, str]:
@@ -46,7 +46,7 @@ class BodyMixin(serializers.Serializer[Any]):
 
 class OpOut(serializers.Serializer[Any]):
     op = serializers.CharField()
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]  # a field named "source"
     actor = serializers.CharField()
     reason = serializers.CharField()
     detail = serializers.DictField()

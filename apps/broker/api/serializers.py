@@ -104,7 +104,9 @@ class MessageIn(StrictSerializer):
         if any(not key.strip() for key in attrs.get("keys", [])):
             raise serializers.ValidationError({"keys": ["A key must not be blank."]})
         if any(not name for name in attrs.get("properties", {})):
-            raise serializers.ValidationError({"properties": ["A property name must not be empty."]})
+            raise serializers.ValidationError(
+                {"properties": ["A property name must not be empty."]}
+            )
         attrs["message"] = OutgoingMessage(
             producer_group=attrs["producer_group"],
             body=body,
@@ -121,7 +123,9 @@ def _decode_body(attrs: dict[str, Any]) -> bytes:
         try:
             return bytes(attrs["body"].encode("utf-8"))
         except UnicodeEncodeError:
-            raise serializers.ValidationError({"body": ["The body is not valid UTF-8 text."]}) from None
+            raise serializers.ValidationError(
+                {"body": ["The body is not valid UTF-8 text."]}
+            ) from None
     try:
         return base64.b64decode(attrs["body_base64"], validate=True)
     except (binascii.Error, ValueError):

@@ -206,13 +206,16 @@ class TransactionListView(APIView):
         )
         return Response(output.PreparedOut(half).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(parameters=[inputs.TransactionListIn], responses={200: output.TransactionDetailOut(many=True)})
+    @extend_schema(
+        parameters=[inputs.TransactionListIn],
+        responses={200: output.TransactionDetailOut(many=True)},
+    )
     def get(self, request: Request) -> Response:
         data = validated(inputs.TransactionListIn, request.query_params.dict())
         groups = token_user(request).groups("produce")
         if "producer_group" in data:
             require(request, "produce", data["producer_group"])
-            groups = {data["producer_group"]}
+            groups = frozenset({data["producer_group"]})
         query = selectors.transaction_list(
             producer_groups=groups,
             state=data.get("state"),
@@ -236,7 +239,9 @@ class TransactionDetailView(APIView):
 class TransactionResolveView(APIView):
     outcome = "commit"
 
-    @extend_schema(request=inputs.ReasonIn, responses={200: output.ResolutionOut, 409: None, **ERRORS})
+    @extend_schema(
+        request=inputs.ReasonIn, responses={200: output.ResolutionOut, 409: None, **ERRORS}
+    )
     def post(self, request: Request, transaction_id: uuid.UUID) -> Response:
         data = validated(inputs.ReasonIn, request.data)
         resolve = (
@@ -276,7 +281,9 @@ class TransactionResumeView(APIView):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})})
+    @extend_schema(
+        responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})}
+    )
     def get(self, request: Request, msg_id: str) -> Response:
         trace = selectors.message_trace(
             msg_id=msg_id, producer_groups=token_user(request).groups("produce")

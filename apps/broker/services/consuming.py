@@ -78,7 +78,9 @@ def _receive_once(
     invisible_until = now + timedelta(seconds=invisible_seconds)
     received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
     if len(received) < max_messages:
-        received += _take_new(group, topic, max_messages - len(received), invisible_until, tags, now)
+        received += _take_new(
+            group, topic, max_messages - len(received), invisible_until, tags, now
+        )
     return received
 
 
@@ -179,9 +181,7 @@ def _hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> N
     delivery.last_received_at = now
 
 
-def _dead_letter_exhausted(
-    *, group: ConsumerGroup, topic: Topic | None, now: datetime
-) -> int:
+def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: datetime) -> int:
     """An expired message that used all its attempts goes to the group's dead-letter queue."""
     exhausted = Delivery.objects.filter(
         group=group,

@@ -15,7 +15,7 @@ from apps.broker.models import (
 )
 from apps.broker.services.errors import Conflict, NotFound
 
-TOKEN_PREFIX = "txh_"
+TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
 
 
 def hash_token(raw: str) -> str:
@@ -71,7 +71,9 @@ def producer_group_rotate_secret(*, name: str) -> ProducerGroup:
     return group
 
 
-def consumer_group_create(*, name: str, max_delivery_attempts: int, consume_from: str) -> ConsumerGroup:
+def consumer_group_create(
+    *, name: str, max_delivery_attempts: int, consume_from: str
+) -> ConsumerGroup:
     try:
         return ConsumerGroup.objects.create(
             name=name, max_delivery_attempts=max_delivery_attempts, consume_from=consume_from

@@ -80,8 +80,9 @@ def transaction_commit(
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
 ) -> Resolution:
-    return _resolve(transaction_id, TransactionState.COMMITTED, actor, reason, detail,
-                    producer_groups)  # fmt: skip
+    return _resolve(
+        transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
+    )
 
 
 def transaction_rollback(
@@ -92,8 +93,9 @@ def transaction_rollback(
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
 ) -> Resolution:
-    return _resolve(transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail,
-                    producer_groups)  # fmt: skip
+    return _resolve(
+        transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail, producer_groups
+    )
 
 
 @transaction.atomic

@@ -23,7 +23,7 @@ trap stop INT TERM EXIT
 
 "$BIN/gunicorn" txhub.wsgi:application --bind "127.0.0.1:$PORT" \
   --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
-  --access-logfile - --graceful-timeout 10 &
+  --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
 "$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-2}" &
 pids+=($!)

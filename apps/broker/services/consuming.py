@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -206,23 +206,25 @@ def deliveries_expire() -> int:
 
 def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:
     """Returns (acked, invalid). An expired, reused or unknown handle is invalid, never an error."""
-    now = timezone.now()
-    acked: list[str] = []
-    invalid: list[str] = []
-    for handle in receipt_handles:
-        parsed = _parse_handle(handle)
-        updated = 0
-        if parsed is not None:
-            # Conditional UPDATE: a handle acks only while its receive is the latest and unexpired.
-            updated = Delivery.objects.filter(
-                pk=parsed[0],
-                handle_token=parsed[1],
-                group=group,
-                state=DeliveryState.INFLIGHT,
-                invisible_until__gt=now,
-            ).update(state=DeliveryState.ACKED, acked_at=now)
-        (acked if updated else invalid).append(handle)
-    return acked, invalid
+    parsed = {handle: _parse_handle(handle) for handle in receipt_handles}
+    pairs = [p for p in parsed.values() if p is not None]
+    acked_pairs: set[tuple[int, str]] = set()
+    if pairs:
+        # One conditional UPDATE for the whole batch (one WAL flush, not one per handle): a handle
+        # acks only while its receive is the latest and unexpired, re-checked under the row lock.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE broker_delivery SET state = %s, acked_at = %s "
+                "WHERE group_id = %s AND state = %s AND invisible_until > %s "
+                "AND (id, handle_token) IN (SELECT * FROM unnest(%s::bigint[], %s::text[])) "
+                "RETURNING id, handle_token",
+                [DeliveryState.ACKED, timezone.now(), group.pk, DeliveryState.INFLIGHT,
+                 timezone.now(), [p[0] for p in pairs], [p[1] for p in pairs]],
+            )  # fmt: skip
+            acked_pairs = {(row[0], row[1]) for row in cursor.fetchall()}
+    acked = [h for h, p in parsed.items() if p in acked_pairs]
+    acked_set = set(acked)
+    return acked, [h for h in receipt_handles if h not in acked_set]
 
 
 @transaction.atomic

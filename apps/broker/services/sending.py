@@ -27,19 +27,20 @@ def queue_for(*, topic: Topic, msg_id: str) -> int:
     return int(msg_id, 16) % topic.queues
 
 
-def next_queue_offset(*, topic_id: int, queue_id: int) -> int:
-    """Hands out the queue's next offset and keeps the queue row locked until the caller's
-    transaction commits.
+# Hands out a queue's next offset. The UPDATE keeps the queue row locked until the caller's
+# transaction commits. Lock: without it two concurrent commits could make offset N+1 visible
+# before N, and a consumer that has read N+1 would skip N for ever (CONTRACT invariant 5).
+NEXT_QUEUE_OFFSET_SQL = (
+    "UPDATE broker_messagequeue SET next_offset = next_offset + 1 "
+    "WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s "
+    "RETURNING next_offset - 1 AS queue_offset"
+)
 
-    Lock: without it two concurrent commits could make offset N+1 visible before N, and a consumer
-    that has read N+1 would skip N for ever (CONTRACT invariant 5).
-    """
+
+def next_queue_offset(*, topic_id: int, queue_id: int) -> int:
+    """The queue's next offset; the queue row stays locked until the caller's transaction ends."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE broker_messagequeue SET next_offset = next_offset + 1 "
-            "WHERE topic_id = %s AND queue_id = %s RETURNING next_offset - 1",
-            [topic_id, queue_id],
-        )
+        cursor.execute(NEXT_QUEUE_OFFSET_SQL, {"topic_id": topic_id, "queue_id": queue_id})
         row = cursor.fetchone()
     assert row is not None, "every topic has a counter row per queue"  # noqa: S101
     return int(row[0])

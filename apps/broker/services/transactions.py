@@ -4,12 +4,14 @@ Every path that changes a transaction's state, whoever calls it (REST, console, 
 Celery), goes through `_transition`, which locks the half message's row first.
 """
 
+import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.broker.models import (
@@ -25,7 +27,7 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services.errors import Conflict, NotFound, TransactionResolved
-from apps.broker.services.sending import OutgoingMessage, commit_log_append, queue_for
+from apps.broker.services.sending import NEXT_QUEUE_OFFSET_SQL, OutgoingMessage, queue_for
 
 FINAL_STATES = (TransactionState.COMMITTED, TransactionState.ROLLED_BACK)
 
@@ -142,32 +144,78 @@ def _resolve(
     if half.state not in UNRESOLVED_STATES:
         raise TransactionResolved(state=half.state)
     now = timezone.now()
-    entry = None
-    if target == TransactionState.COMMITTED:
-        # Same database transaction as the op record below: invariant 3.
-        entry = commit_log_append(
-            topic=half.topic,
-            queue_id=half.queue_id,
-            msg_id=half.msg_id,
-            message=OutgoingMessage(
-                producer_group=half.producer_group.name,
-                body=bytes(half.body),
-                body_is_binary=half.body_is_binary,
-                tags=half.tags,
-                keys=half.keys,
-                properties=half.properties,
-            ),
-            born_at=half.born_at,
-            transaction_id=half.transaction_id,
-        )
     half.state = target
     half.resolved_at = now
     half.resolved_by = actor.source
     half.next_check_at = None
+    if target == TransactionState.COMMITTED:
+        entry = _commit_statement(half, actor, reason, detail or {}, now)
+        return Resolution(half, entry)
     half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
-    op = OpKind.COMMIT if target == TransactionState.COMMITTED else OpKind.ROLLBACK
-    _record(half, op, actor, reason=reason, detail=detail, at=now)
-    return Resolution(half, entry)
+    _record(half, OpKind.ROLLBACK, actor, reason=reason, detail=detail, at=now)
+    return Resolution(half, None)
+
+
+# The commit, as one statement: takes the queue's next offset (the queue row stays locked until
+# our transaction commits: see next_queue_offset), copies the half message into the commit log,
+# marks the half COMMITTED and appends the COMMIT op. One statement, so the commit-log row and the
+# op record cannot exist without each other (invariant 3); and one round trip on the hottest path.
+# Composed of constants only; every value is bound by the server.
+COMMIT_SQL = f"""
+WITH queue AS ({NEXT_QUEUE_OFFSET_SQL}),
+entry AS (
+    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
+        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
+    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
+        h.born_at, queue.queue_offset, %(group)s, h.transaction_id, %(now)s, h.topic_id
+    FROM broker_halfmessage h, queue WHERE h.id = %(half_id)s
+    RETURNING "offset", queue_offset
+),
+resolved AS (
+    UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
+        resolved_by = %(source)s, next_check_at = NULL
+    WHERE id = %(half_id)s
+),
+op AS (
+    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
+    VALUES (%(half_id)s, %(op)s, %(source)s, %(actor)s, %(reason)s, %(detail)s, %(now)s)
+)
+SELECT "offset", queue_offset FROM entry
+"""  # noqa: S608
+
+
+def _commit_statement(
+    half: HalfMessage, actor: Actor, reason: str, detail: dict[str, Any], now: datetime
+) -> CommitLogEntry:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            COMMIT_SQL,
+            {
+                "topic_id": half.topic_id,
+                "queue_id": half.queue_id,
+                "group": half.producer_group.name,
+                "now": now,
+                "half_id": half.pk,
+                "state": TransactionState.COMMITTED,
+                "source": actor.source,
+                "op": OpKind.COMMIT,
+                "actor": actor.name,
+                "reason": reason,
+                "detail": json.dumps(detail),
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None, "the half row is locked by us, so the insert happened"  # noqa: S101
+    return CommitLogEntry(
+        offset=row[0],
+        queue_offset=row[1],
+        msg_id=half.msg_id,
+        topic=half.topic,
+        queue_id=half.queue_id,
+        transaction_id=half.transaction_id,
+        producer_group=half.producer_group.name,
+        stored_at=now,
+    )
 
 
 def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:

@@ -21,6 +21,10 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
 def env_bool(name: str, default: bool) -> bool:
     return os.environ.get(name, str(default)).lower() in {"1", "true", "yes", "on"}
 
@@ -154,13 +158,48 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.broker.tasks.deliveries_expire_scan",
         "schedule": timedelta(seconds=env_int("TXHUB_EXPIRE_SCAN_SECONDS", 5)),
     },
+    "checkback-scan": {
+        "task": "apps.broker.tasks.checkback_scan",
+        "schedule": timedelta(seconds=env_float("TXHUB_SCAN_SECONDS", 1.0)),
+        "options": {"expires": 5},  # a scan that waited too long is replaced by the next one
+    },
+    "delayed-delivery-scan": {
+        "task": "apps.broker.tasks.delayed_delivery_scan",
+        "schedule": timedelta(seconds=env_float("TXHUB_SCAN_SECONDS", 1.0)),
+        "options": {"expires": 5},
+    },
+    "retention": {
+        "task": "apps.broker.tasks.retention_sweep",
+        "schedule": timedelta(minutes=env_int("TXHUB_RETENTION_SWEEP_MINUTES", 10)),
+    },
 }
 
 # txhub behaviour (CONTRACT section 3 and 4).
 TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
 TXHUB_MAX_PROPERTIES = 128
 TXHUB_MAX_META_BYTES = 16 * 1024
-TXHUB_LONG_POLL_INTERVAL = float(os.environ.get("TXHUB_LONG_POLL_INTERVAL", "0.1"))
+TXHUB_LONG_POLL_INTERVAL = env_float("TXHUB_LONG_POLL_INTERVAL", 0.1)
+
+# Check-back (CONTRACT section 4), in seconds; RocketMQ's names in the comments.
+TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut
+TXHUB_CHECK_INTERVAL = env_float("TXHUB_CHECK_INTERVAL", 30)  # transactionCheckInterval
+TXHUB_CHECK_MAX = env_int("TXHUB_CHECK_MAX", 15)  # transactionCheckMax
+TXHUB_CHECK_HTTP_TIMEOUT = env_float("TXHUB_CHECK_HTTP_TIMEOUT", 3)
+TXHUB_MAX_PENDING_AGE = env_float("TXHUB_MAX_PENDING_AGE", 72 * 3600)  # fileReservedTime
+TXHUB_MAX_DELAY = env_float("TXHUB_MAX_DELAY", 3 * 24 * 3600)  # timerMaxDelaySec
+# Unreachable callbacks back off from 1 s, doubling, up to this; they do not use the budget.
+TXHUB_CHECK_MAX_BACKOFF = env_float("TXHUB_CHECK_MAX_BACKOFF", 300)
+# At most this many checks of one producer group in flight: a slow group cannot starve others.
+TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = env_int("TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP", 16)
+TXHUB_CHECK_BATCH = env_int("TXHUB_CHECK_BATCH", 500)
+TXHUB_DELIVERY_BATCH = env_int("TXHUB_DELIVERY_BATCH", 500)
+# Networks a check URL may resolve to although private; loopback is allowed in the development
+# defaults. Set it to "" in production to refuse loopback too.
+TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0.0/8,::1/128")
+# A rotated-out signing secret keeps signing (beside the new one) this long.
+TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600)
+# Resolved transactions, their op records and delivered commit-log rows older than this go.
+TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
 
 LOGGING = {
     "version": 1,

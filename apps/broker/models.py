@@ -52,6 +52,7 @@ class ProducerGroup(models.Model):
     signing_secret = models.CharField(max_length=128)
     # Kept during a rotation so check-back can sign with both (Standard Webhooks).
     previous_signing_secret = models.CharField(max_length=128, blank=True)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -134,6 +135,14 @@ class HalfMessage(MessageFields):
     check_times = models.PositiveIntegerField(default=0)
     check_immunity_seconds = models.PositiveIntegerField(null=True, blank=True)
     next_check_at = models.DateTimeField(null=True, blank=True)
+    # Set while a check-back call is in flight (a lease: if the worker dies, it expires and the
+    # transaction is claimed again by a later scan).
+    checking_until = models.DateTimeField(null=True, blank=True)
+    # Consecutive checks that could not reach the producer: they back off and use no budget.
+    unreachable_checks = models.PositiveIntegerField(default=0)
+    # Applied from the commit on (CONTRACT section 3): seconds after commit, or an instant.
+    delay_seconds = models.PositiveIntegerField(null=True, blank=True)
+    deliver_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=16, choices=Resolver.choices, blank=True)
 
@@ -273,3 +282,19 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.group_id}:{self.message_id} {self.state}"
+
+
+class DelayedMessage(MessageFields):
+    """A message waiting for its delivery time; moved into the commit log once, when due."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT)
+    producer_group = models.CharField(max_length=127)
+    transaction_id = models.UUIDField(null=True, blank=True, unique=True)
+    deliver_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["deliver_at"], name="delayed_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.msg_id} at {self.deliver_at}"

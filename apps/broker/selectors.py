@@ -12,6 +12,7 @@ from apps.broker.models import (
     CommitLogEntry,
     ConsumerCursor,
     ConsumerGroup,
+    DelayedMessage,
     Delivery,
     DeliveryState,
     HalfMessage,
@@ -91,7 +92,9 @@ def message_trace(*, msg_id: str, producer_groups: Collection[str] | None) -> di
         .first()
     )
     entry = CommitLogEntry.objects.select_related("topic").filter(msg_id=msg_id).first()
-    group = half.producer_group.name if half else entry.producer_group if entry else None
+    delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
+    row = entry or delayed
+    group = half.producer_group.name if half else row.producer_group if row else None
     if group is None or (producer_groups is not None and group not in producer_groups):
         raise NotFound(f"Message {msg_id} does not exist.")
     deliveries = (
@@ -99,7 +102,7 @@ def message_trace(*, msg_id: str, producer_groups: Collection[str] | None) -> di
         if entry
         else Delivery.objects.none()
     )
-    return {"half": half, "entry": entry, "deliveries": list(deliveries)}
+    return {"half": half, "entry": entry, "delayed": delayed, "deliveries": list(deliveries)}
 
 
 def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:

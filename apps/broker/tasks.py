@@ -1,11 +1,49 @@
-"""Celery tasks: thin, idempotent, no arguments but ids; each calls one service."""
+"""Celery tasks: thin, idempotent, no arguments but ids; each calls one service.
+
+Beat triggers the scans every second; the scans read what is due from Postgres, so a lost task
+message is repaired by the next scan. No ETA lives in Redis: due times are in Postgres.
+"""
 
 from celery import shared_task
 
-from apps.broker.services import consuming
+from apps.broker.services import checkback, consuming, delivery
+
+
+@shared_task(acks_late=True)
+def checkback_scan() -> int:
+    """Claims due transactions (a lease in Postgres) and hands each to checkback_run."""
+    checkback.checkback_park_stale()
+    claimed = checkback.checkback_claim_due()
+    for half_id in claimed:
+        checkback_run.delay(half_id)
+    return len(claimed)
+
+
+# Not task_reject_on_worker_lost: a check that died mid-call is not redelivered by the broker;
+# its lease expires and the next scan claims it again, so a check is never run twice at once.
+@shared_task(acks_late=True)
+def checkback_run(half_id: int) -> str:
+    return checkback.checkback_run(half_id=half_id)
+
+
+@shared_task(acks_late=True)
+def delayed_delivery_scan() -> int:
+    """Moves every due delayed message into the commit log, batch by batch, for up to ~1 s."""
+    moved = 0
+    for _ in range(20):
+        batch = delivery.delayed_deliver_due()
+        moved += batch
+        if batch == 0:
+            break
+    return moved
 
 
 @shared_task(acks_late=True)
 def deliveries_expire_scan() -> int:
     """Dead-letters exhausted in-flight messages even where no consumer is receiving."""
     return consuming.deliveries_expire()
+
+
+@shared_task(acks_late=True)
+def retention_sweep() -> dict[str, int]:
+    return delivery.retention_sweep()

@@ -1,5 +1,8 @@
 """Topics, producer groups, consumer groups (CONTRACT section 3, Administration)."""
 
+from typing import Any
+
+import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import MessageQueue, ProducerGroup
@@ -41,9 +44,9 @@ def test_a_producer_group_shows_its_secret_once_and_rotates(api: APIClient) -> N
     group = ProducerGroup.objects.get(name="pg")
     assert group.previous_signing_secret == created["signing_secret"]
     patched = api.patch(
-        "/api/v1/producer-groups/pg", {"check_url": "https://example.org/tx"}, format="json"
+        "/api/v1/producer-groups/pg", {"check_url": "http://127.0.0.1:9001/tx"}, format="json"
     )
-    assert patched.json()["check_url"] == "https://example.org/tx"
+    assert patched.json()["check_url"] == "http://127.0.0.1:9001/tx"
 
 
 def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
@@ -52,3 +55,34 @@ def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
     assert created["consume_from"] == "first"
     again = api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json")
     assert again.status_code == 409
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.5/check",  # private
+        "http://192.168.1.1/check",
+        "http://169.254.169.254/latest/meta-data",  # cloud metadata (link-local)
+        "http://[fe80::1]/check",
+        "http://0.0.0.0/check",
+        "ftp://127.0.0.1/check",
+        "http://no-such-host.invalid/check",
+    ],
+)
+def test_a_check_url_to_an_internal_address_is_refused(api: APIClient, url: str) -> None:
+    response = api.post("/api/v1/producer-groups", {"name": "pg", "check_url": url}, format="json")
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert not ProducerGroup.objects.exists()
+
+
+def test_loopback_is_allowed_only_while_configured(api: APIClient, settings: Any) -> None:
+    ok = api.post(
+        "/api/v1/producer-groups", {"name": "a", "check_url": "http://127.0.0.1:9/x"}, format="json"
+    )
+    assert ok.status_code == 201
+    settings.TXHUB_CALLBACK_ALLOWED_HOSTS = []
+    refused = api.post(
+        "/api/v1/producer-groups", {"name": "b", "check_url": "http://127.0.0.1:9/x"}, format="json"
+    )
+    assert refused.status_code == 400

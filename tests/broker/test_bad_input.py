@@ -45,9 +45,23 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("metadata over 16 KiB", {"properties": {"big": "v" * 16385}}, 400, "tags"),
     ("NUL in a property", {"properties": {"a": "x\u0000y"}}, 400, "properties"),
     ("unknown field", {"tag": "TagA"}, 400, "tag"),
-    ("delay level (not yet)", {"delay_level": 3}, 400, "delay_level"),
+    ("delay level 0", {"delay_level": 0}, 400, "delay_level"),
     ("delay level out of range", {"delay_level": 19}, 400, "delay_level"),
-    ("deliver_at (not yet)", {"deliver_at": "2030-01-01T00:00:00+00:00"}, 400, "delay_level"),
+    ("delay level as a string", {"delay_level": "3"}, 400, "delay_level"),
+    (
+        "both delay fields",
+        {"delay_level": 3, "deliver_at": "2030-01-01T00:00:00+00:00"},
+        400,
+        "delay_level",
+    ),
+    ("deliver_at without offset", {"deliver_at": "2030-01-01T00:00:00"}, 400, "deliver_at"),
+    ("deliver_at not a time", {"deliver_at": "tomorrow"}, 400, "deliver_at"),
+    (
+        "deliver_at beyond TXHUB_MAX_DELAY",
+        {"deliver_at": "2099-01-01T00:00:00+00:00"},
+        400,
+        "deliver_at",
+    ),
 ]
 
 

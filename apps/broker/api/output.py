@@ -5,7 +5,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.broker.models import CommitLogEntry, Delivery, HalfMessage
+from apps.broker.models import CommitLogEntry, DelayedMessage, Delivery, HalfMessage
 from apps.broker.services.consuming import Received
 
 
@@ -81,11 +81,13 @@ class ResolutionOut(TransactionOut):
 
     queue_id = serializers.IntegerField()
     queue_offset = serializers.IntegerField(allow_null=True)
+    deliver_at = serializers.DateTimeField(allow_null=True, help_text="set when delayed")
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        half, entry = instance
-        data = dict(super().to_representation(half))
-        data["queue_offset"] = entry.queue_offset if entry else None
+        data = dict(super().to_representation(instance.half))
+        data["queue_offset"] = instance.entry.queue_offset if instance.entry else None
+        when = instance.deliver_at
+        data["deliver_at"] = serializers.DateTimeField().to_representation(when) if when else None
         return data
 
 
@@ -95,9 +97,9 @@ class SendOut(serializers.Serializer[Any]):
     queue_id = serializers.IntegerField()
     queue_offset = serializers.IntegerField(allow_null=True)
     status = serializers.SerializerMethodField()
-    deliver_at = serializers.DateTimeField(source="stored_at", allow_null=True)
+    deliver_at = serializers.DateTimeField()
 
-    def get_status(self, entry: CommitLogEntry) -> str:
+    def get_status(self, sent: Any) -> str:
         return "SEND_OK"
 
 
@@ -154,22 +156,27 @@ class CommitLogPositionOut(serializers.Serializer[Any]):
     stored_at = serializers.DateTimeField()
 
 
+DT = serializers.DateTimeField()
+
+
 def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
     half: HalfMessage | None = trace["half"]
     entry: CommitLogEntry | None = trace["entry"]
-    source: HalfMessage | CommitLogEntry = half or entry  # type: ignore[assignment]
+    delayed: DelayedMessage | None = trace["delayed"]
+    source: Any = half or entry or delayed
     deliveries: list[Delivery] = trace["deliveries"]
     return {
         "msg_id": source.msg_id,
         "topic": source.topic.name,
-        "producer_group": half.producer_group.name if half else entry.producer_group,  # type: ignore[union-attr]
+        "producer_group": half.producer_group.name if half else source.producer_group,
         "tags": source.tags or None,
         "keys": source.keys,
         "properties": source.properties,
         **body_fields(source),
-        "born_at": serializers.DateTimeField().to_representation(source.born_at),
+        "born_at": DT.to_representation(source.born_at),
         "transaction": TransactionDetailOut(half).data if half else None,
         "commit_log": CommitLogPositionOut(entry).data if entry else None,
+        "delayed_until": DT.to_representation(delayed.deliver_at) if delayed else None,
         "deliveries": DeliveryOut(deliveries, many=True).data,
     }
 

@@ -5,6 +5,7 @@ Inputs are strict: wrong JSON types and unknown fields are refused, never coerce
 
 import base64
 import binascii
+from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -74,16 +75,27 @@ class MessageIn(StrictSerializer):
     keys = serializers.ListField(child=_text(), required=False)
     properties = serializers.DictField(child=_text(allow_blank=True), required=False)
     delay_level = StrictIntegerField(required=False, min_value=1, max_value=18)
-    deliver_at = serializers.DateTimeField(required=False)
+    deliver_at = _text(required=False)
+
+    def validate_deliver_at(self, value: str) -> datetime:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise serializers.ValidationError(
+                "Use ISO-8601, e.g. 2026-01-31T12:00:00+00:00."
+            ) from None
+        if parsed.tzinfo is None:
+            raise serializers.ValidationError("The time needs a UTC offset, e.g. +00:00 or Z.")
+        return parsed
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("body" in attrs) == ("body_base64" in attrs):
             raise serializers.ValidationError(
                 {"body": ["Send exactly one of 'body' (UTF-8 text) and 'body_base64' (bytes)."]}
             )
-        if "delay_level" in attrs or "deliver_at" in attrs:
+        if "delay_level" in attrs and "deliver_at" in attrs:
             raise serializers.ValidationError(
-                {"delay_level": ["Delayed delivery is not available yet in this txhub version."]}
+                {"delay_level": ["Send at most one of 'delay_level' and 'deliver_at'."]}
             )
         body = _decode_body(attrs)
         try:

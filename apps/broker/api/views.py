@@ -7,6 +7,7 @@ Order of checks everywhere: 401 (no token) -> 400 (bad input) -> 403 (scope for 
 import uuid
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
@@ -14,12 +15,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import selectors
+from apps.broker import limits, selectors
 from apps.broker.api import output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Resolver, Topic
-from apps.broker.services import consuming, registry, sending, transactions
+from apps.broker.services import consuming, delivery, registry, sending, transactions
 from apps.broker.services.transactions import Actor
 
 ERRORS = {
@@ -184,10 +185,15 @@ class TopicMessagesView(APIView):
     def post(self, request: Request, topic: str) -> Response:
         data = validated(inputs.MessageIn, request.data)
         require(request, "produce", data["producer_group"])
+        deliver_at = delivery.delivery_time(
+            delay_level=data.get("delay_level"),
+            deliver_at=data.get("deliver_at"),
+            start=timezone.now(),
+        )
         topic_row = selectors.topic_get(name=topic)
         selectors.producer_group_get(name=data["producer_group"])
-        entry = sending.message_send(topic=topic_row, message=data["message"])
-        return Response(output.SendOut(entry).data, status=status.HTTP_201_CREATED)
+        sent = sending.message_send(topic=topic_row, message=data["message"], deliver_at=deliver_at)
+        return Response(output.SendOut(sent).data, status=status.HTTP_201_CREATED)
 
 
 class TransactionListView(APIView):
@@ -195,14 +201,23 @@ class TransactionListView(APIView):
     def post(self, request: Request) -> Response:
         data = validated(inputs.TransactionIn, request.data)
         require(request, "produce", data["producer_group"])
+        # Checked now (TXHUB_MAX_DELAY), applied from the commit on.
+        delivery.delivery_time(
+            delay_level=data.get("delay_level"),
+            deliver_at=data.get("deliver_at"),
+            start=timezone.now(),
+        )
         topic = selectors.topic_get(name=data["topic"])
         group = selectors.producer_group_get(name=data["producer_group"])
+        level = data.get("delay_level")
         half = transactions.transaction_prepare(
             producer_group=group,
             topic=topic,
             message=data["message"],
             actor=producer_actor(request),
             check_immunity_seconds=data.get("check_immunity_seconds"),
+            delay_seconds=limits.DELAY_LEVEL_SECONDS[level - 1] if level else None,
+            deliver_at=data.get("deliver_at"),
         )
         return Response(output.PreparedOut(half).data, status=status.HTTP_201_CREATED)
 
@@ -255,7 +270,7 @@ class TransactionResolveView(APIView):
             reason=data.get("reason", ""),
             producer_groups=token_user(request).groups("produce"),
         )
-        return Response(output.ResolutionOut((resolution.half, resolution.entry)).data)
+        return Response(output.ResolutionOut(resolution).data)
 
 
 class TransactionCommitView(TransactionResolveView):

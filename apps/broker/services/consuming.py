@@ -22,7 +22,7 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
-from apps.broker.services.errors import BrokerError, NotFound
+from apps.broker.services.errors import NotFound, invalid
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def message_change_invisible(
             .first()
         )
     if delivery is None:
-        raise BrokerError("The receipt handle is expired or unknown.", field="receipt_handle")
+        raise invalid("receipt_handle", "The receipt handle is expired or unknown.")
     delivery.invisible_until = now + timedelta(seconds=invisible_seconds)
     delivery.handle_token = secrets.token_hex(12)
     delivery.save(update_fields=["invisible_until", "handle_token"])

@@ -13,6 +13,11 @@ class BrokerError(Exception):
         self.details = details
 
 
+def invalid(field: str, message: str) -> BrokerError:
+    """A 400 about one input field, with details shaped like the serializers' ({field: [msg]})."""
+    return BrokerError(message, **{field: [message]})
+
+
 class NotFound(BrokerError):
     code = "not_found"
     status = 404
@@ -21,6 +26,13 @@ class NotFound(BrokerError):
 class Conflict(BrokerError):
     code = "conflict"
     status = 409
+
+
+class CallbackRefused(BrokerError):
+    """A check URL txhub will not call (scheme, or an address outside the allowed hosts)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, check_url=[message])
 
 
 class TransactionResolved(Conflict):

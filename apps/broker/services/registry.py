@@ -13,6 +13,7 @@ from apps.broker.models import (
     ProducerGroup,
     Topic,
 )
+from apps.broker.services.checkback import callback_url_check, new_signing_secret
 from apps.broker.services.errors import Conflict, NotFound
 
 TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
@@ -20,11 +21,6 @@ TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
 
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
-
-
-def new_signing_secret() -> str:
-    # Standard Webhooks secrets are "whsec_" + base64 of the key bytes.
-    return "whsec_" + secrets.token_urlsafe(32)
 
 
 @transaction.atomic
@@ -41,6 +37,7 @@ def topic_create(*, name: str, queues: int) -> Topic:
 
 
 def producer_group_create(*, name: str, check_url: str) -> ProducerGroup:
+    callback_url_check(check_url)
     try:
         return ProducerGroup.objects.create(
             name=name, check_url=check_url, signing_secret=new_signing_secret()
@@ -50,6 +47,7 @@ def producer_group_create(*, name: str, check_url: str) -> ProducerGroup:
 
 
 def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
+    callback_url_check(check_url)
     updated = ProducerGroup.objects.filter(name=name).update(
         check_url=check_url, updated_at=timezone.now()
     )
@@ -66,8 +64,15 @@ def producer_group_rotate_secret(*, name: str) -> ProducerGroup:
         raise NotFound(f"Producer group {name!r} does not exist.")
     group.previous_signing_secret = group.signing_secret
     group.signing_secret = new_signing_secret()
-    group.updated_at = timezone.now()
-    group.save(update_fields=["previous_signing_secret", "signing_secret", "updated_at"])
+    group.updated_at = group.secret_rotated_at = timezone.now()
+    group.save(
+        update_fields=[
+            "previous_signing_secret",
+            "signing_secret",
+            "updated_at",
+            "secret_rotated_at",
+        ]
+    )
     return group
 
 

@@ -74,13 +74,29 @@ def commit_log_append(
     )
 
 
-def message_send(*, topic: Topic, message: OutgoingMessage) -> CommitLogEntry:
-    """A normal send: visible at once. The 201 is sent only after this transaction committed."""
+@dataclass(frozen=True)
+class Sent:
+    msg_id: str
+    topic: Topic
+    queue_id: int
+    queue_offset: int | None  # None while the message waits for its delivery time
+    deliver_at: datetime
+
+
+def message_send(
+    *, topic: Topic, message: OutgoingMessage, deliver_at: datetime | None = None
+) -> Sent:
+    """A normal send, visible at once or (delayed) at `deliver_at`. The 201 is sent only after
+    this transaction committed."""
+    from apps.broker.services.delivery import delayed_store
+
     msg_id = new_msg_id()
+    queue_id = queue_for(topic=topic, msg_id=msg_id)
+    now = timezone.now()
     with transaction.atomic():
-        return commit_log_append(
-            topic=topic,
-            queue_id=queue_for(topic=topic, msg_id=msg_id),
-            msg_id=msg_id,
-            message=message,
-        )
+        if deliver_at is not None:
+            delayed_store(topic_id=topic.pk, queue_id=queue_id, msg_id=msg_id, message=message,
+                          deliver_at=deliver_at, born_at=now)  # fmt: skip
+            return Sent(msg_id, topic, queue_id, None, deliver_at)
+        entry = commit_log_append(topic=topic, queue_id=queue_id, msg_id=msg_id, message=message)
+        return Sent(msg_id, topic, queue_id, entry.queue_offset, entry.stored_at)

@@ -8,15 +8,17 @@ import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.broker.models import (
     UNRESOLVED_STATES,
     CommitLogEntry,
+    DelayedMessage,
     HalfMessage,
     OpKind,
     OpRecord,
@@ -26,6 +28,7 @@ from apps.broker.models import (
     TransactionState,
     new_msg_id,
 )
+from apps.broker.services.delivery import delayed_store
 from apps.broker.services.errors import Conflict, NotFound, TransactionResolved
 from apps.broker.services.sending import NEXT_QUEUE_OFFSET_SQL, OutgoingMessage, queue_for
 
@@ -44,6 +47,7 @@ class Actor:
 class Resolution:
     half: HalfMessage
     entry: CommitLogEntry | None  # the commit-log row of a committed transaction
+    deliver_at: datetime | None = None  # a delayed commit: when it becomes visible
 
 
 def transaction_prepare(
@@ -53,9 +57,13 @@ def transaction_prepare(
     message: OutgoingMessage,
     actor: Actor,
     check_immunity_seconds: int | None = None,
+    delay_seconds: int | None = None,
+    deliver_at: datetime | None = None,
 ) -> HalfMessage:
     msg_id = new_msg_id()
     now = timezone.now()
+    # The first check no sooner than TXHUB_TRANSACTION_TIMEOUT; immunity raises it, never lowers.
+    first_check = max(settings.TXHUB_TRANSACTION_TIMEOUT, check_immunity_seconds or 0)
     with transaction.atomic():
         half = HalfMessage.objects.create(
             msg_id=msg_id,
@@ -69,6 +77,9 @@ def transaction_prepare(
             body_is_binary=message.body_is_binary,
             born_at=now,
             check_immunity_seconds=check_immunity_seconds,
+            next_check_at=now + timedelta(seconds=first_check),
+            delay_seconds=delay_seconds,
+            deliver_at=deliver_at,
         )
         _record(half, OpKind.PREPARE, actor, at=now)
     return half
@@ -140,7 +151,9 @@ def _resolve(
     half = _lock(transaction_id, producer_groups)
     if half.state == target:
         # Same resolution again: same answer, nothing written (idempotent retries).
-        return Resolution(half, _entry_of(half))
+        entry = _entry_of(half)
+        due = None if entry else _delayed_due_of(half)
+        return Resolution(half, entry, due)
     if half.state not in UNRESOLVED_STATES:
         raise TransactionResolved(state=half.state)
     now = timezone.now()
@@ -149,8 +162,17 @@ def _resolve(
     half.resolved_by = actor.source
     half.next_check_at = None
     if target == TransactionState.COMMITTED:
-        entry = _commit_statement(half, actor, reason, detail or {}, now)
-        return Resolution(half, entry)
+        due = _delivery_due(half, now)
+        if due is None:
+            return Resolution(half, _commit_statement(half, actor, reason, detail or {}, now))
+        # Delayed from the commit on: the commit-log row appears when due (delivery scan).
+        delayed_store(topic_id=half.topic_id, queue_id=half.queue_id, msg_id=half.msg_id,
+                      message=_outgoing(half), deliver_at=due, born_at=half.born_at,
+                      transaction_id=half.transaction_id)  # fmt: skip
+        half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
+        _record(half, OpKind.COMMIT, actor, reason=reason,
+                detail={**(detail or {}), "deliver_at": due.isoformat()}, at=now)  # fmt: skip
+        return Resolution(half, None, due)
     half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
     _record(half, OpKind.ROLLBACK, actor, reason=reason, detail=detail, at=now)
     return Resolution(half, None)
@@ -218,6 +240,25 @@ def _commit_statement(
     )
 
 
+def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:
+    if half.delay_seconds:
+        return now + timedelta(seconds=half.delay_seconds)
+    if half.deliver_at and half.deliver_at > now:
+        return half.deliver_at
+    return None
+
+
+def _outgoing(half: HalfMessage) -> OutgoingMessage:
+    return OutgoingMessage(
+        producer_group=half.producer_group.name,
+        body=bytes(half.body),
+        body_is_binary=half.body_is_binary,
+        tags=half.tags,
+        keys=half.keys,
+        properties=half.properties,
+    )
+
+
 def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:
     # Lock: commit, rollback, a check-back answer and an operator action on one transaction
     # queue up here, so exactly one of them moves it to a final state (CONTRACT invariant 2).
@@ -232,6 +273,11 @@ def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) ->
         # Another group's transaction answers as if it did not exist.
         raise NotFound(f"Transaction {transaction_id} does not exist.")
     return half
+
+
+def _delayed_due_of(half: HalfMessage) -> datetime | None:
+    delayed = DelayedMessage.objects.filter(transaction_id=half.transaction_id).first()
+    return delayed.deliver_at if delayed else None
 
 
 def _entry_of(half: HalfMessage) -> CommitLogEntry | None:

@@ -1,0 +1,113 @@
+"""Delayed delivery: messages wait in `broker_delayedmessage` until their time (database clock),
+then a scan moves each into the commit log exactly once, with its queue offset assigned then."""
+
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from apps.broker import limits
+from apps.broker.models import CommitLogEntry, DelayedMessage
+from apps.broker.services.errors import invalid
+from apps.broker.services.sending import OutgoingMessage, commit_log_append
+
+
+def delivery_time(
+    *, delay_level: int | None, deliver_at: datetime | None, start: datetime
+) -> datetime | None:
+    """When a message becomes visible: `start` + RocketMQ delay level, or an instant. None: now."""
+    if delay_level is not None:
+        due = start + timedelta(seconds=limits.DELAY_LEVEL_SECONDS[delay_level - 1])
+    elif deliver_at is not None:
+        due = deliver_at
+    else:
+        return None
+    if due - start > timedelta(seconds=settings.TXHUB_MAX_DELAY):
+        limit = f"{settings.TXHUB_MAX_DELAY:.0f} s"
+        message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) away."
+        raise invalid("deliver_at", message)
+    return due if due > start else None  # a time in the past is delivered at once
+
+
+def delayed_store(
+    *,
+    topic_id: int,
+    queue_id: int,
+    msg_id: str,
+    message: OutgoingMessage,
+    deliver_at: datetime,
+    born_at: datetime,
+    transaction_id: uuid.UUID | None = None,
+) -> DelayedMessage:
+    return DelayedMessage.objects.create(
+        msg_id=msg_id,
+        topic_id=topic_id,
+        queue_id=queue_id,
+        producer_group=message.producer_group,
+        transaction_id=transaction_id,
+        tags=message.tags,
+        keys=message.keys,
+        properties=message.properties,
+        body=message.body,
+        body_is_binary=message.body_is_binary,
+        born_at=born_at,
+        deliver_at=deliver_at,
+    )
+
+
+def delayed_deliver_due(*, limit: int | None = None) -> int:
+    """Moves due delayed messages into the commit log; returns how many.
+
+    Lock, SKIP LOCKED: two scans (two workers) never move the same message; the delayed row is
+    deleted in the same transaction that appends it, so each is delivered exactly once.
+    """
+    batch = limit or settings.TXHUB_DELIVERY_BATCH
+    with transaction.atomic():
+        due = list(
+            DelayedMessage.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("topic")
+            # Database clock: never visible before its time, whatever the worker's clock says.
+            .filter(deliver_at__lte=Now())
+            .order_by("deliver_at")[:batch]
+        )
+        # Offsets in (topic, queue) order: every appending transaction takes queue locks in the
+        # same order, so two scans cannot deadlock on them.
+        for delayed in sorted(due, key=lambda d: (d.topic_id, d.queue_id, d.deliver_at)):
+            commit_log_append(
+                topic=delayed.topic,
+                queue_id=delayed.queue_id,
+                msg_id=delayed.msg_id,
+                message=OutgoingMessage(
+                    producer_group=delayed.producer_group,
+                    body=bytes(delayed.body),
+                    body_is_binary=delayed.body_is_binary,
+                    tags=delayed.tags,
+                    keys=delayed.keys,
+                    properties=delayed.properties,
+                ),
+                born_at=delayed.born_at,
+                transaction_id=delayed.transaction_id,
+            )
+        DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
+    return len(due)
+
+
+def retention_sweep(*, batch: int = 5000) -> dict[str, int]:
+    """Deletes what is older than TXHUB_RETENTION and finished: resolved half messages (with their
+    op records) and commit-log rows (with their deliveries). Never anything unresolved."""
+    from apps.broker.models import HalfMessage, TransactionState
+
+    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_RETENTION)
+    halves = HalfMessage.objects.filter(
+        state__in=[TransactionState.COMMITTED, TransactionState.ROLLED_BACK], resolved_at__lt=cutoff
+    )
+    half_ids = list(halves.values_list("pk", flat=True)[:batch])
+    entries = list(
+        CommitLogEntry.objects.filter(stored_at__lt=cutoff).values_list("pk", flat=True)[:batch]
+    )
+    HalfMessage.objects.filter(pk__in=half_ids).delete()
+    CommitLogEntry.objects.filter(pk__in=entries).delete()
+    return {"half_messages": len(half_ids), "commit_log": len(entries)}

@@ -144,3 +144,12 @@ def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
 @pytest.fixture
 def server(gunicorn: str, transactional_db: None) -> Server:
     return Server(gunicorn)
+
+
+@pytest.fixture
+def checker() -> Iterator[Any]:
+    from tests.checker import Checker
+
+    fake = Checker()
+    yield fake
+    fake.close()

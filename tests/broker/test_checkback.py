@@ -1,0 +1,249 @@
+"""Check-back in one process: claiming, signing, parsing answers and applying them (CONTRACT
+section 4, invariants 2 and 7). The end-to-end runs with real Celery are in tests/e2e/."""
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.services import checkback, registry, transactions
+from apps.broker.services.checkback import CheckResult
+from apps.broker.services.sending import OutgoingMessage
+from apps.broker.services.transactions import Actor
+from tests.checker import verify
+
+PRODUCER = Actor(Resolver.PRODUCER, "test")
+
+
+def make_group(url: str = "http://127.0.0.1:9/check", name: str = "shop") -> Any:
+    return registry.producer_group_create(name=name, check_url=url)
+
+
+def prepare(group: Any, topic: Any, **extra: Any) -> HalfMessage:
+    message = OutgoingMessage(producer_group=group.name, body=b"order 9527", body_is_binary=False)
+    return transactions.transaction_prepare(
+        producer_group=group, topic=topic, message=message, actor=PRODUCER, **extra
+    )
+
+
+def make_due(*halves: HalfMessage) -> None:
+    HalfMessage.objects.filter(pk__in=[h.pk for h in halves]).update(
+        next_check_at=timezone.now() - timedelta(seconds=1)
+    )
+
+
+def result(answer: str, reached: bool = True) -> CheckResult:
+    return CheckResult(answer, reached, 200 if reached else None, "", 5, "msg_test")
+
+
+def test_the_first_check_waits_for_the_timeout_and_immunity_raises_it(
+    db: None, settings: Any
+) -> None:
+    settings.TXHUB_TRANSACTION_TIMEOUT = 6
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    plain = prepare(group, topic)
+    immune = prepare(group, topic, check_immunity_seconds=60)
+    lower = prepare(group, topic, check_immunity_seconds=1)
+    assert plain.next_check_at == plain.born_at + timedelta(seconds=6)
+    assert immune.next_check_at == immune.born_at + timedelta(seconds=60)
+    assert lower.next_check_at == lower.born_at + timedelta(seconds=6)  # never lowers it
+    assert checkback.checkback_claim_due() == []
+
+
+def test_a_claim_takes_only_due_prepared_transactions_once(db: None) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    due, resolved, later = prepare(group, topic), prepare(group, topic), prepare(group, topic)
+    make_due(due, resolved)
+    transactions.transaction_commit(transaction_id=resolved.transaction_id, actor=PRODUCER)
+    assert checkback.checkback_claim_due() == [due.pk]
+    assert checkback.checkback_claim_due() == []  # leased
+    assert later.pk not in checkback.checkback_claim_due()
+
+
+def test_concurrent_scans_never_claim_the_same_transaction(transactional_db: None) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    halves = [prepare(group, topic) for _ in range(200)]
+    make_due(*halves)
+    claims: list[list[int]] = []
+
+    def scan() -> None:
+        claims.append(checkback.checkback_claim_due())
+        connection.close()
+
+    threads = [threading.Thread(target=scan) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    claimed = [pk for claim in claims for pk in claim]
+    assert len(claimed) == len(set(claimed))
+
+
+def test_one_slow_group_cannot_take_every_check(db: None, settings: Any) -> None:
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 3
+    topic = registry.topic_create(name="orders", queues=1)
+    slow, other = make_group(name="slow"), make_group(name="other")
+    slow_halves = [prepare(slow, topic) for _ in range(10)]
+    other_halves = [prepare(other, topic) for _ in range(2)]
+    make_due(*slow_halves, *other_halves)
+    claimed = set(checkback.checkback_claim_due())
+    assert len(claimed & {h.pk for h in slow_halves}) == 3
+    assert claimed >= {h.pk for h in other_halves}
+    make_due(*slow_halves)  # still in flight (leased): no more for the slow group
+    HalfMessage.objects.filter(pk__in=claimed).update(
+        next_check_at=timezone.now() + timedelta(hours=1)
+    )
+    assert checkback.checkback_claim_due() == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "state", "resolved_by"),
+    [("COMMIT", "COMMITTED", "CHECK_BACK"), ("ROLLBACK", "ROLLED_BACK", "CHECK_BACK")],
+)
+def test_a_decision_resolves_through_the_same_service(
+    db: None, answer: str, state: str, resolved_by: str
+) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    assert checkback.checkback_apply(half_id=half.pk, result=result(answer)) == answer
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by, half.check_times) == (state, resolved_by, 1)
+    ops = list(OpRecord.objects.filter(half=half).order_by("id").values_list("op", "source"))
+    assert ops == [("PREPARE", "PRODUCER"), ("CHECK", "CHECK_BACK"), (answer, "CHECK_BACK")]
+
+
+def test_an_answer_after_the_producer_resolved_is_not_applied(db: None) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    transactions.transaction_rollback(transaction_id=half.transaction_id, actor=PRODUCER)
+    assert (
+        checkback.checkback_apply(half_id=half.pk, result=result("COMMIT")) == "resolved-meanwhile"
+    )
+    half.refresh_from_db()
+    assert half.state == "ROLLED_BACK"
+    check = OpRecord.objects.get(half=half, op="CHECK")
+    assert check.detail["applied"] is False
+    assert OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"]).count() == 1
+
+
+def test_unknown_answers_use_the_budget_then_park(db: None, settings: Any) -> None:
+    settings.TXHUB_CHECK_MAX = 3
+    settings.TXHUB_CHECK_INTERVAL = 30
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    before = timezone.now()
+    assert checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN")) == "unknown"
+    half.refresh_from_db()
+    assert half.check_times == 1
+    assert half.next_check_at >= before + timedelta(seconds=30)
+    checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN"))
+    assert checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN")) == "parked"
+    half.refresh_from_db()
+    assert half.state == "PARKED"
+    assert list(half.ops.values_list("op", flat=True)) == [
+        "PREPARE",
+        "CHECK",
+        "CHECK",
+        "CHECK",
+        "PARK",
+    ]
+
+
+def test_an_unreachable_callback_backs_off_and_uses_no_budget(db: None, settings: Any) -> None:
+    settings.TXHUB_CHECK_MAX = 2
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    delays = []
+    for _ in range(5):
+        now = timezone.now()
+        assert (
+            checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN", reached=False))
+            == "unreachable"
+        )
+        half.refresh_from_db()
+        delays.append(round((half.next_check_at - now).total_seconds()))
+    assert half.state == "PREPARED"
+    assert half.check_times == 0
+    assert delays == [1, 2, 4, 8, 16]
+
+
+def test_transactions_older_than_the_max_pending_age_are_parked(db: None, settings: Any) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    old, young = prepare(group, topic), prepare(group, topic)
+    HalfMessage.objects.filter(pk=old.pk).update(born_at=timezone.now() - timedelta(hours=73))
+    assert checkback.checkback_park_stale() == 1
+    old.refresh_from_db()
+    young.refresh_from_db()
+    assert (old.state, young.state) == ("PARKED", "PREPARED")
+    assert old.ops.last().source == "SYSTEM"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, b'{"state": "COMMIT"}', "COMMIT"),
+        (200, b'{"state": "COMMIT_MESSAGE"}', "COMMIT"),
+        (200, b'{"state": "ROLLBACK_MESSAGE"}', "ROLLBACK"),
+        (200, b'{"state": "UNKNOW"}', "UNKNOWN"),
+        (200, b'{"state": "commit"}', "UNKNOWN"),
+        (200, b'{"state": "YES"}', "UNKNOWN"),
+        (200, b'"COMMIT"', "UNKNOWN"),
+        (200, b"COMMIT", "UNKNOWN"),
+        (200, b'{"decision": "COMMIT"}', "UNKNOWN"),
+        (500, b'{"state": "COMMIT"}', "UNKNOWN"),
+        (302, b'{"state": "COMMIT"}', "UNKNOWN"),
+    ],
+)
+def test_only_a_200_with_a_known_state_is_a_decision(
+    db: None, checker: Any, status: int, body: bytes, expected: str
+) -> None:
+    checker.decide = lambda request: (status, body)
+    group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    outcome = checkback.call_check_url(
+        HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
+    )
+    assert outcome.answer == expected
+    assert outcome.reached
+
+
+def test_the_check_is_signed_with_the_groups_secret_and_both_during_rotation(
+    db: None, checker: Any
+) -> None:
+    group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+
+    def fetch() -> HalfMessage:
+        return HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
+
+    checkback.call_check_url(fetch())
+    request = checker.requests[-1]
+    assert verify(group.signing_secret, request["headers"], request["raw"])
+    assert request["body"]["transaction_id"] == str(half.transaction_id)
+    assert request["body"]["body"] == "order 9527"
+    assert not verify(group.signing_secret, request["headers"], request["raw"] + b" ")
+    rotated = registry.producer_group_rotate_secret(name=group.name)
+    checkback.call_check_url(fetch())
+    request = checker.requests[-1]
+    assert len(request["headers"]["webhook-signature"].split(" ")) == 2
+    assert verify(group.signing_secret, request["headers"], request["raw"])  # the old one
+    assert verify(rotated.signing_secret, request["headers"], request["raw"])  # the new one
+    ids = {r["headers"]["webhook-id"] for r in checker.requests}
+    assert len(ids) == 2  # unique per attempt
+
+
+def test_a_refused_connection_is_unreachable_not_a_decision(db: None) -> None:
+    group, topic = (
+        make_group("http://127.0.0.1:9/check"),
+        registry.topic_create(name="orders", queues=1),
+    )
+    half = prepare(group, topic)
+    outcome = checkback.call_check_url(
+        HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
+    )
+    assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
+    assert outcome.error == "ConnectionError"

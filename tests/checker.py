@@ -1,0 +1,68 @@
+"""The producer's side of a check-back, for tests: a real HTTP server on 127.0.0.1 that answers
+with a decision chosen per transaction, verifies signatures with its own code (not txhub's), and
+records every request."""
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(
+        sig.startswith("v1,") and hmac.compare_digest(sig[3:], expected)
+        for sig in headers["webhook-signature"].split(" ")
+    )
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        # Given the check's JSON body, returns (status, response body bytes).
+        self.decide: Callable[[dict[str, Any]], tuple[int, bytes]] = lambda body: (
+            200,
+            b'{"state": "UNKNOWN"}',
+        )
+        checker = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                checker.requests.append(
+                    {
+                        "body": body,
+                        "raw": raw,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                    }
+                )
+                status, answer = checker.decide(body)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/check"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answer(self, state: str) -> None:
+        self.decide = lambda body: (200, json.dumps({"state": state}).encode())
+
+    def checks_of(self, transaction_id: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["body"]["transaction_id"] == transaction_id]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,8 +1,10 @@
 import os
+import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,58 +12,98 @@ from tests.conftest import BIN, ROOT, db_url_for_tests
 
 TEST_BROKER_URL = f"redis://127.0.0.1:{os.environ.get('TXHUB_REDIS_PORT', '63799')}/1"
 
+# Fast timings for tests; each is the production setting of the same name.
+FAST = {
+    "TXHUB_TRANSACTION_TIMEOUT": "1",
+    "TXHUB_CHECK_INTERVAL": "1",
+    "TXHUB_CHECK_MAX": "3",
+    "TXHUB_CHECK_HTTP_TIMEOUT": "2",
+    "TXHUB_SCAN_SECONDS": "0.5",
+    "TXHUB_EXPIRE_SCAN_SECONDS": "1",
+}
+
+
+class Celery:
+    """Real Celery processes (workers + one beat) on the test database and Redis database 1."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.tmp = tmp
+        self.env = {**os.environ, "DATABASE_URL": db_url_for_tests(),
+                    "CELERY_BROKER_URL": TEST_BROKER_URL, **FAST, **env}  # fmt: skip
+        self.log = (tmp / "celery.log").open("a")
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.beat: subprocess.Popen[bytes] | None = None
+        subprocess.run(
+            [str(BIN / "celery"), "-A", "txhub", "purge", "-f"],
+            cwd=ROOT, env=self.env, capture_output=True, check=False,
+        )  # fmt: skip
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [str(BIN / "celery"), "-A", "txhub", *args, "--loglevel", "INFO"],
+            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def start_worker(self, concurrency: int = 2) -> subprocess.Popen[bytes]:
+        name = f"w{len(self.workers)}@%h"
+        worker = self._spawn(
+            "worker", "--concurrency", str(concurrency), "-n", name, "--without-mingle"
+        )
+        self.workers.append(worker)
+        return worker
+
+    def start_beat(self) -> None:
+        self.beat = self._spawn("beat", "--schedule", str(self.tmp / "beat-schedule"))
+
+    def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the worker and its pool processes: a crash, not a shutdown."""
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        self.workers.remove(worker)
+
+    def stop(self) -> None:
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        self.log.close()
+
 
 @pytest.fixture
-def celery_processes(transactional_db: None, tmp_path: Path) -> Iterator[None]:
-    """A real Celery worker and beat on the test database and their own Redis database."""
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url_for_tests(),
-        "CELERY_BROKER_URL": TEST_BROKER_URL,
-        "TXHUB_EXPIRE_SCAN_SECONDS": "1",
-    }
-    logs = tmp_path / "celery.log"
-    with logs.open("w") as log:
-        worker = subprocess.Popen(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "txhub",
-                "worker",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        beat = subprocess.Popen(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "txhub",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(tmp_path / "beat-schedule"),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield
-        finally:
-            for process in (beat, worker):
-                process.terminate()
-            for process in (beat, worker):
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-            time.sleep(0.2)
+def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Celery]]:
+    started: list[Celery] = []
+
+    def start(workers: int = 1, beat: bool = True, **env: Any) -> Celery:
+        celery = Celery(tmp_path, {k: str(v) for k, v in env.items()})
+        for _ in range(workers):
+            celery.start_worker()
+        if beat:
+            celery.start_beat()
+        started.append(celery)
+        return celery
+
+    yield start
+    for celery in started:
+        celery.stop()
+
+
+@pytest.fixture
+def celery_processes(start_celery: Callable[..., Celery]) -> Celery:
+    return start_celery()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,131 @@
+"""Postgres is the truth, Celery carries only triggers: killing a worker mid-batch, stopping Redis
+for 20 s, or running two workers loses nothing and applies nothing twice."""
+
+import subprocess
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models import Count
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
+from tests.conftest import ROOT
+from tests.e2e.conftest import wait_until
+
+pytestmark = pytest.mark.e2e
+REDIS_PORT = "63799"
+
+
+@pytest.fixture
+def shop(api: APIClient, checker: Any) -> None:
+    api.post("/api/v1/topics", {"name": "orders", "queues": 4}, format="json")
+    api.post("/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json")
+
+
+def prepare_many(api: APIClient, n: int) -> list[str]:
+    return [
+        api.post("/api/v1/transactions", {"producer_group": "shop", "topic": "orders", "body": str(i)},
+                 format="json").json()["transaction_id"]
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def delay_many(api: APIClient, n: int, seconds: int = 1) -> None:
+    for i in range(n):
+        api.post("/api/v1/topics/orders/messages",
+                 {"producer_group": "shop", "body": f"d{i}", "delay_level": seconds}, format="json")  # fmt: skip
+
+
+def assert_each_once(ids: list[str]) -> None:
+    finals = OpRecord.objects.filter(half__transaction_id__in=ids, op__in=["COMMIT", "ROLLBACK"])
+    per = finals.values("half_id").annotate(n=Count("id"))
+    assert len(per) == len(ids)
+    assert all(row["n"] == 1 for row in per)
+    assert CommitLogEntry.objects.filter(transaction_id__in=ids).count() == len(ids)
+
+
+def test_a_killed_worker_loses_nothing_and_applies_nothing_twice(
+    start_celery: Any, api: APIClient, shop: None, checker: Any
+) -> None:
+    def slow_commit(body: dict[str, Any]) -> tuple[int, bytes]:
+        time.sleep(0.3)  # keep checks in flight when the worker dies
+        return 200, b'{"state": "COMMIT"}'
+
+    checker.decide = slow_commit
+    celery = start_celery(TXHUB_CHECK_HTTP_TIMEOUT="1")
+    ids = prepare_many(api, 30)
+    delay_many(api, 30)
+    wait_until(lambda: checker.requests, timeout=15, interval=0.05)
+    celery.kill_worker(celery.workers[0])
+    partly = HalfMessage.objects.filter(transaction_id__in=ids, state="COMMITTED").count()
+    assert partly < len(ids)  # the kill happened mid-way
+    celery.start_worker()
+    assert wait_until(
+        lambda: not HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").exists(),
+        timeout=60,
+    )
+    assert wait_until(lambda: not DelayedMessage.objects.exists(), timeout=30)
+    assert_each_once(ids)
+    assert CommitLogEntry.objects.filter(transaction_id__isnull=True).count() == 30
+
+
+def test_redis_down_for_20_seconds_delays_work_and_loses_none(
+    start_celery: Any, api: APIClient, shop: None, checker: Any
+) -> None:
+    checker.answer("COMMIT")
+    start_celery()
+    subprocess.run(
+        ["redis-cli", "-p", REDIS_PORT, "shutdown", "nosave"], check=False, capture_output=True
+    )
+    try:
+        ids = prepare_many(api, 20)  # the API does not need Redis
+        delay_many(api, 20)
+        time.sleep(20)
+        assert HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").count() == 20
+    finally:
+        subprocess.run(
+            [str(ROOT / "scripts" / "services.sh"), "up"], check=True, capture_output=True
+        )
+    assert wait_until(
+        lambda: not HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").exists(),
+        timeout=90,
+    )
+    assert wait_until(lambda: not DelayedMessage.objects.exists(), timeout=30)
+    assert_each_once(ids)
+    assert CommitLogEntry.objects.filter(transaction_id__isnull=True).count() == 20
+
+
+def test_two_workers_never_check_one_transaction_at_once_nor_deliver_twice(
+    start_celery: Any, api: APIClient, shop: None, checker: Any
+) -> None:
+    in_flight: dict[str, int] = {}
+    overlaps: list[str] = []
+
+    def watch(body: dict[str, Any]) -> tuple[int, bytes]:
+        tx = body["transaction_id"]
+        in_flight[tx] = in_flight.get(tx, 0) + 1
+        if in_flight[tx] > 1:
+            overlaps.append(tx)
+        time.sleep(0.2)
+        in_flight[tx] -= 1
+        return 200, b'{"state": "UNKNOWN"}'
+
+    checker.decide = watch
+    start_celery(workers=2, TXHUB_CHECK_MAX="2")
+    ids = prepare_many(api, 20)
+    delay_many(api, 40)
+    assert wait_until(
+        lambda: not HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").exists(),
+        timeout=60,
+    )
+    assert wait_until(lambda: not DelayedMessage.objects.exists(), timeout=30)
+    assert overlaps == []
+    for tx in ids:
+        assert len(checker.checks_of(tx)) == 2  # exactly TXHUB_CHECK_MAX, none doubled
+    entries = CommitLogEntry.objects.filter(transaction_id__isnull=True)
+    assert entries.count() == 40
+    assert entries.values("msg_id").distinct().count() == 40
+    assert timezone.now() - entries.latest("stored_at").stored_at < timedelta(minutes=5)

@@ -35,12 +35,12 @@ ensure_debian_packages() {
 }
 
 ensure_venv() {
-  local stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  local stamp="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$ROOT/client/pyproject.toml" | sha256sum | cut -c1-16)"
   [ -f "$stamp" ] && return 0
   log "installing Python packages into .venv"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e "$ROOT[dev]"
+  "$VENV/bin/pip" install -q -e "$ROOT[dev]" -e "$ROOT/client"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 }

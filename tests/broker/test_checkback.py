@@ -139,6 +139,7 @@ def test_unknown_answers_use_the_budget_then_park(db: None, settings: Any) -> No
     assert checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN")) == "unknown"
     half.refresh_from_db()
     assert half.check_times == 1
+    assert half.next_check_at is not None
     assert half.next_check_at >= before + timedelta(seconds=30)
     checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN"))
     assert checkback.checkback_apply(half_id=half.pk, result=result("UNKNOWN")) == "parked"
@@ -165,6 +166,7 @@ def test_an_unreachable_callback_backs_off_and_uses_no_budget(db: None, settings
             == "unreachable"
         )
         half.refresh_from_db()
+        assert half.next_check_at is not None
         delays.append(round((half.next_check_at - now).total_seconds()))
     assert half.state == "PREPARED"
     assert half.check_times == 0

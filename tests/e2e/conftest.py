@@ -28,22 +28,33 @@ class Celery:
 
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
         self.tmp = tmp
-        self.env = {**os.environ, "DATABASE_URL": db_url_for_tests(),
-                    "CELERY_BROKER_URL": TEST_BROKER_URL, **FAST, **env}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": db_url_for_tests(),
+            "CELERY_BROKER_URL": TEST_BROKER_URL,
+            **FAST,
+            **env,
+        }
         self.log = (tmp / "celery.log").open("a")
         self.workers: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
         subprocess.run(
             [str(BIN / "celery"), "-A", "txhub", "purge", "-f"],
-            cwd=ROOT, env=self.env, capture_output=True, check=False,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            check=False,
+        )
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [str(BIN / "celery"), "-A", "txhub", *args, "--loglevel", "INFO"],
-            cwd=ROOT, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def start_worker(self, concurrency: int = 2) -> subprocess.Popen[bytes]:
         name = f"w{len(self.workers)}@%h"

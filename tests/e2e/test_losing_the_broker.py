@@ -27,16 +27,22 @@ def shop(api: APIClient, checker: Any) -> None:
 
 def prepare_many(api: APIClient, n: int) -> list[str]:
     return [
-        api.post("/api/v1/transactions", {"producer_group": "shop", "topic": "orders", "body": str(i)},
-                 format="json").json()["transaction_id"]
+        api.post(
+            "/api/v1/transactions",
+            {"producer_group": "shop", "topic": "orders", "body": str(i)},
+            format="json",
+        ).json()["transaction_id"]
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def delay_many(api: APIClient, n: int, seconds: int = 1) -> None:
     for i in range(n):
-        api.post("/api/v1/topics/orders/messages",
-                 {"producer_group": "shop", "body": f"d{i}", "delay_level": seconds}, format="json")  # fmt: skip
+        api.post(
+            "/api/v1/topics/orders/messages",
+            {"producer_group": "shop", "body": f"d{i}", "delay_level": seconds},
+            format="json",
+        )
 
 
 def assert_each_once(ids: list[str]) -> None:

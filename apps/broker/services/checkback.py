@@ -282,8 +282,11 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
                 if result.answer == "COMMIT"
                 else transactions.transaction_rollback
             )
-            resolve(transaction_id=half.transaction_id, actor=CHECK_BACK,
-                    reason="answered by the producer's check URL")  # fmt: skip
+            resolve(
+                transaction_id=half.transaction_id,
+                actor=CHECK_BACK,
+                reason="answered by the producer's check URL",
+            )
             return result.answer
         if result.reached:
             half.check_times += 1
@@ -293,8 +296,9 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
             half.unreachable_checks += 1
             backoff = min(2 ** (half.unreachable_checks - 1), settings.TXHUB_CHECK_MAX_BACKOFF)
             half.next_check_at = now + timedelta(seconds=backoff)
-        half.save(update_fields=["checking_until", "check_times", "unreachable_checks",
-                                 "next_check_at"])  # fmt: skip
+        half.save(
+            update_fields=["checking_until", "check_times", "unreachable_checks", "next_check_at"]
+        )
         if half.check_times >= settings.TXHUB_CHECK_MAX:
             transactions.transaction_park(
                 transaction_id=half.transaction_id,
@@ -307,9 +311,14 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
 
 def _record_check(half: HalfMessage, detail: dict[str, Any], now: Any) -> None:
     OpRecord.objects.create(
-        half=half, op=OpKind.CHECK, source=Resolver.CHECK_BACK, actor="check-back",
-        reason=detail["error"], detail=detail, at=now,
-    )  # fmt: skip
+        half=half,
+        op=OpKind.CHECK,
+        source=Resolver.CHECK_BACK,
+        actor="check-back",
+        reason=detail["error"],
+        detail=detail,
+        at=now,
+    )
 
 
 def new_signing_secret() -> str:

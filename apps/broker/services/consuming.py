@@ -218,9 +218,16 @@ def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[li
                 "WHERE group_id = %s AND state = %s AND invisible_until > %s "
                 "AND (id, handle_token) IN (SELECT * FROM unnest(%s::bigint[], %s::text[])) "
                 "RETURNING id, handle_token",
-                [DeliveryState.ACKED, timezone.now(), group.pk, DeliveryState.INFLIGHT,
-                 timezone.now(), [p[0] for p in pairs], [p[1] for p in pairs]],
-            )  # fmt: skip
+                [
+                    DeliveryState.ACKED,
+                    timezone.now(),
+                    group.pk,
+                    DeliveryState.INFLIGHT,
+                    timezone.now(),
+                    [p[0] for p in pairs],
+                    [p[1] for p in pairs],
+                ],
+            )
             acked_pairs = {(row[0], row[1]) for row in cursor.fetchall()}
     acked = [h for h, p in parsed.items() if p in acked_pairs]
     acked_set = set(acked)

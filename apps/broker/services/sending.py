@@ -95,8 +95,14 @@ def message_send(
     now = timezone.now()
     with transaction.atomic():
         if deliver_at is not None:
-            delayed_store(topic_id=topic.pk, queue_id=queue_id, msg_id=msg_id, message=message,
-                          deliver_at=deliver_at, born_at=now)  # fmt: skip
+            delayed_store(
+                topic_id=topic.pk,
+                queue_id=queue_id,
+                msg_id=msg_id,
+                message=message,
+                deliver_at=deliver_at,
+                born_at=now,
+            )
             return Sent(msg_id, topic, queue_id, None, deliver_at)
         entry = commit_log_append(topic=topic, queue_id=queue_id, msg_id=msg_id, message=message)
         return Sent(msg_id, topic, queue_id, entry.queue_offset, entry.stored_at)

@@ -166,12 +166,24 @@ def _resolve(
         if due is None:
             return Resolution(half, _commit_statement(half, actor, reason, detail or {}, now))
         # Delayed from the commit on: the commit-log row appears when due (delivery scan).
-        delayed_store(topic_id=half.topic_id, queue_id=half.queue_id, msg_id=half.msg_id,
-                      message=_outgoing(half), deliver_at=due, born_at=half.born_at,
-                      transaction_id=half.transaction_id)  # fmt: skip
+        delayed_store(
+            topic_id=half.topic_id,
+            queue_id=half.queue_id,
+            msg_id=half.msg_id,
+            message=_outgoing(half),
+            deliver_at=due,
+            born_at=half.born_at,
+            transaction_id=half.transaction_id,
+        )
         half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
-        _record(half, OpKind.COMMIT, actor, reason=reason,
-                detail={**(detail or {}), "deliver_at": due.isoformat()}, at=now)  # fmt: skip
+        _record(
+            half,
+            OpKind.COMMIT,
+            actor,
+            reason=reason,
+            detail={**(detail or {}), "deliver_at": due.isoformat()},
+            at=now,
+        )
         return Resolution(half, None, due)
     half.save(update_fields=["state", "resolved_at", "resolved_by", "next_check_at"])
     _record(half, OpKind.ROLLBACK, actor, reason=reason, detail=detail, at=now)

@@ -1,0 +1,149 @@
+"""Producers: `Producer.send` for normal and delayed messages, and `TransactionProducer` with a
+`TransactionListener`, as in RocketMQ."""
+
+import base64
+import enum
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from txhub_client.http import Api, TxhubError
+
+logger = logging.getLogger(__name__)
+
+
+class LocalTransactionState(enum.Enum):
+    """RocketMQ's names for what the local transaction became."""
+
+    COMMIT_MESSAGE = "COMMIT"
+    ROLLBACK_MESSAGE = "ROLLBACK"
+    UNKNOW = "UNKNOWN"  # RocketMQ's spelling; check-back will ask later
+
+
+@dataclass
+class Message:
+    topic: str
+    body: str | bytes
+    tags: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int | None = None  # 1..18: 1s 5s 10s 30s 1m ... 2h
+    deliver_at: datetime | None = None  # timezone-aware
+    # Filled in by txhub:
+    msg_id: str | None = None
+    transaction_id: str | None = None
+
+    def payload(self, producer_group: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"producer_group": producer_group}
+        if isinstance(self.body, bytes):
+            data["body_base64"] = base64.b64encode(self.body).decode()
+        else:
+            data["body"] = self.body
+        if self.tags is not None:
+            data["tags"] = self.tags
+        if self.keys:
+            data["keys"] = self.keys
+        if self.properties:
+            data["properties"] = self.properties
+        if self.delay_level is not None:
+            data["delay_level"] = self.delay_level
+        if self.deliver_at is not None:
+            data["deliver_at"] = self.deliver_at.isoformat()
+        return data
+
+
+@dataclass(frozen=True)
+class SendResult:
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int | None
+    deliver_at: str | None
+    status: str = "SEND_OK"
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    msg_id: str
+    transaction_id: str
+    local_transaction_state: LocalTransactionState
+    state: str  # txhub's: PREPARED (left to check-back), COMMITTED or ROLLED_BACK
+    queue_offset: int | None = None
+    error: BaseException | None = None  # what went wrong locally or on the end call, if anything
+
+
+class TransactionListener(Protocol):
+    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState: ...
+
+    def check_local_transaction(self, message: Message) -> LocalTransactionState: ...
+
+
+class Producer:
+    """Normal and delayed messages."""
+
+    def __init__(self, url: str, token: str, group: str, *, timeout: float = 30) -> None:
+        self.api = Api(url, token, timeout=timeout)
+        self.group = group
+
+    def send(self, message: Message) -> SendResult:
+        answer = self.api.call(
+            "POST", f"/topics/{message.topic}/messages", message.payload(self.group)
+        )
+        message.msg_id = answer["msg_id"]
+        return SendResult(
+            answer["msg_id"],
+            answer["topic"],
+            answer["queue_id"],
+            answer["queue_offset"],
+            answer.get("deliver_at"),
+        )
+
+
+class TransactionProducer(Producer):
+    """RocketMQ's TransactionMQProducer: prepare, run the local transaction, end it."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        group: str,
+        listener: TransactionListener,
+        *,
+        timeout: float = 30,
+        check_immunity_seconds: int | None = None,
+    ) -> None:
+        super().__init__(url, token, group, timeout=timeout)
+        self.listener = listener
+        self.check_immunity_seconds = check_immunity_seconds
+
+    def send_message_in_transaction(
+        self, message: Message, arg: Any = None
+    ) -> TransactionSendResult:
+        payload = {**message.payload(self.group), "topic": message.topic}
+        if self.check_immunity_seconds is not None:
+            payload["check_immunity_seconds"] = self.check_immunity_seconds
+        prepared = self.api.call("POST", "/transactions", payload)  # raises: nothing to undo
+        message.msg_id = prepared["msg_id"]
+        message.transaction_id = prepared["transaction_id"]
+        error: BaseException | None = None
+        try:
+            local = self.listener.execute_local_transaction(message, arg)
+        except Exception as exc:  # noqa: BLE001 - as RocketMQ: an exception is UNKNOW
+            logger.exception(
+                "local transaction %s failed; check-back will ask", message.transaction_id
+            )
+            local, error = LocalTransactionState.UNKNOW, exc
+        state, offset = "PREPARED", None
+        if local is not LocalTransactionState.UNKNOW:
+            action = "commit" if local is LocalTransactionState.COMMIT_MESSAGE else "rollback"
+            try:
+                ended = self.api.call("POST", f"/transactions/{message.transaction_id}/{action}")
+                state, offset = ended["state"], ended.get("queue_offset")
+            except (TxhubError, OSError) as exc:
+                # The end call is lost: the transaction stays PREPARED and check-back settles it.
+                logger.warning("ending transaction %s failed: %s", message.transaction_id, exc)
+                error = exc
+        return TransactionSendResult(
+            prepared["msg_id"], prepared["transaction_id"], local, state, offset, error
+        )

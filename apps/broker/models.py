@@ -154,6 +154,12 @@ class HalfMessage(MessageFields):
                 name="half_due_check_idx",
                 condition=Q(state="PREPARED"),
             ),
+            # The scan's per-group count of checks in flight (leases): small whatever the backlog.
+            models.Index(
+                fields=["checking_until"],
+                name="half_checking_idx",
+                condition=Q(state="PREPARED", checking_until__isnull=False),
+            ),
             models.Index(
                 fields=["producer_group", "state", "born_at"], name="half_group_state_idx"
             ),

@@ -1,0 +1,90 @@
+"""Check-back scan cost: 1,000 due transactions among 1,000,000 pending, against 1,000 due among
+1,000 pending. The claim must cost about the same (it walks the partial index on due rows).
+
+Needs the local services (`make run`, or `scripts/services.sh up`). Seeds with set-based SQL into
+its own producer group and topic, and deletes them afterwards.
+
+    .venv/bin/python bench/checkback_scan.py [--pending 1000000] [--due 1000]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+
+from apps.broker.services import checkback, registry  # noqa: E402
+
+SEED = """
+INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
+    born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
+    producer_group_id, topic_id, next_check_at)
+SELECT upper(md5(%(tag)s || g::text)), 0, '', '[]', '{}', 'x', false, now(), gen_random_uuid(),
+    'PREPARED', 0, 0, '', %(group)s, %(topic)s,
+    CASE WHEN g <= %(due)s THEN now() - interval '1 second' ELSE now() + interval '1 hour' END
+FROM generate_series(1, %(pending)s) AS g
+"""
+
+
+def measure(pending: int, due: int, tag: str, rounds: int = 5) -> float:
+    topic = registry.topic_create(name=f"bench-scan-{tag}", queues=1)
+    group = registry.producer_group_create(name=f"bench-scan-{tag}", check_url="http://127.0.0.1:9/")
+    with connection.cursor() as cursor:
+        started = time.perf_counter()
+        cursor.execute(SEED, {"tag": tag, "group": group.pk, "topic": topic.pk, "due": due,
+                              "pending": pending})
+        cursor.execute("ANALYZE broker_halfmessage")
+        print(f"  seeded {pending:,} pending ({due:,} due) in {time.perf_counter() - started:.1f} s")
+    timings = []
+    try:
+        from django.conf import settings
+
+        settings.TXHUB_CHECK_BATCH = due
+        settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = due
+        for _ in range(rounds):
+            started = time.perf_counter()
+            claimed = checkback.checkback_claim_due()
+            timings.append((time.perf_counter() - started) * 1000)
+            assert len(claimed) == due, len(claimed)
+            with connection.cursor() as cursor:  # un-claim for the next round
+                cursor.execute("UPDATE broker_halfmessage SET checking_until = NULL, "
+                               "next_check_at = now() - interval '1 second' WHERE id = ANY(%s)",
+                               [claimed])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM broker_oprecord WHERE half_id IN (SELECT id FROM "
+                           "broker_halfmessage WHERE producer_group_id = %s)", [group.pk])
+            cursor.execute("DELETE FROM broker_halfmessage WHERE producer_group_id = %s", [group.pk])
+        group.delete()
+        topic.delete()
+    return statistics.median(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--due", type=int, default=1_000)
+    args = parser.parse_args()
+    tag = str(int(time.time()))
+    print(f"claim of {args.due:,} due among {args.due:,} pending:")
+    small = measure(args.due, args.due, tag + "s")
+    print(f"  median {small:.1f} ms")
+    print(f"claim of {args.due:,} due among {args.pending:,} pending:")
+    large = measure(args.pending, args.due, tag + "l")
+    print(f"  median {large:.1f} ms")
+    print(f"ratio large/small: {large / small:.2f}")
+
+
+if __name__ == "__main__":
+    main()

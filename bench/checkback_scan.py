@@ -39,13 +39,18 @@ FROM generate_series(1, %(pending)s) AS g
 
 def measure(pending: int, due: int, tag: str, rounds: int = 5) -> float:
     topic = registry.topic_create(name=f"bench-scan-{tag}", queues=1)
-    group = registry.producer_group_create(name=f"bench-scan-{tag}", check_url="http://127.0.0.1:9/")
+    group = registry.producer_group_create(
+        name=f"bench-scan-{tag}", check_url="http://127.0.0.1:9/"
+    )
     with connection.cursor() as cursor:
         started = time.perf_counter()
-        cursor.execute(SEED, {"tag": tag, "group": group.pk, "topic": topic.pk, "due": due,
-                              "pending": pending})
+        cursor.execute(
+            SEED, {"tag": tag, "group": group.pk, "topic": topic.pk, "due": due, "pending": pending}
+        )
         cursor.execute("ANALYZE broker_halfmessage")
-        print(f"  seeded {pending:,} pending ({due:,} due) in {time.perf_counter() - started:.1f} s")
+        print(
+            f"  seeded {pending:,} pending ({due:,} due) in {time.perf_counter() - started:.1f} s"
+        )
     timings = []
     try:
         from django.conf import settings
@@ -58,14 +63,21 @@ def measure(pending: int, due: int, tag: str, rounds: int = 5) -> float:
             timings.append((time.perf_counter() - started) * 1000)
             assert len(claimed) == due, len(claimed)
             with connection.cursor() as cursor:  # un-claim for the next round
-                cursor.execute("UPDATE broker_halfmessage SET checking_until = NULL, "
-                               "next_check_at = now() - interval '1 second' WHERE id = ANY(%s)",
-                               [claimed])
+                cursor.execute(
+                    "UPDATE broker_halfmessage SET checking_until = NULL, "
+                    "next_check_at = now() - interval '1 second' WHERE id = ANY(%s)",
+                    [claimed],
+                )
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("DELETE FROM broker_oprecord WHERE half_id IN (SELECT id FROM "
-                           "broker_halfmessage WHERE producer_group_id = %s)", [group.pk])
-            cursor.execute("DELETE FROM broker_halfmessage WHERE producer_group_id = %s", [group.pk])
+            cursor.execute(
+                "DELETE FROM broker_oprecord WHERE half_id IN (SELECT id FROM "
+                "broker_halfmessage WHERE producer_group_id = %s)",
+                [group.pk],
+            )
+            cursor.execute(
+                "DELETE FROM broker_halfmessage WHERE producer_group_id = %s", [group.pk]
+            )
         group.delete()
         topic.delete()
     return statistics.median(timings)

@@ -25,7 +25,7 @@ trap stop INT TERM EXIT
   --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
   --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
-"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-2}" &
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" &
 pids+=($!)
 "$BIN/celery" -A txhub beat --loglevel INFO --schedule var/run/celerybeat-schedule &
 pids+=($!)

@@ -193,6 +193,10 @@ TXHUB_CHECK_MAX_BACKOFF = env_float("TXHUB_CHECK_MAX_BACKOFF", 300)
 TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = env_int("TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP", 16)
 TXHUB_CHECK_BATCH = env_int("TXHUB_CHECK_BATCH", 500)
 TXHUB_DELIVERY_BATCH = env_int("TXHUB_DELIVERY_BATCH", 500)
+# How long one delivery scan keeps waking for due messages: about the beat period, so lateness
+# is processing time rather than up to a whole period.
+TXHUB_SCAN_SECONDS = env_float("TXHUB_SCAN_SECONDS", 1.0)
+TXHUB_DELIVERY_SCAN_SPAN = env_float("TXHUB_DELIVERY_SCAN_SPAN", 0.95 * TXHUB_SCAN_SECONDS)
 # Networks a check URL may resolve to although private; loopback is allowed in the development
 # defaults. Set it to "" in production to refuse loopback too.
 TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0.0/8,::1/128")

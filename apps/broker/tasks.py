@@ -5,6 +5,7 @@ message is repaired by the next scan. No ETA lives in Redis: due times are in Po
 """
 
 from celery import shared_task
+from django.conf import settings
 
 from apps.broker.services import checkback, consuming, delivery
 
@@ -28,14 +29,8 @@ def checkback_run(half_id: int) -> str:
 
 @shared_task(acks_late=True)
 def delayed_delivery_scan() -> int:
-    """Moves every due delayed message into the commit log, batch by batch, for up to ~1 s."""
-    moved = 0
-    for _ in range(20):
-        batch = delivery.delayed_deliver_due()
-        moved += batch
-        if batch == 0:
-            break
-    return moved
+    """Moves due delayed messages into the commit log until the next beat (~1 s)."""
+    return delivery.delayed_deliver_for(seconds=settings.TXHUB_DELIVERY_SCAN_SPAN)
 
 
 @shared_task(acks_late=True)

@@ -56,7 +56,7 @@ class Celery:
             start_new_session=True,
         )
 
-    def start_worker(self, concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def start_worker(self, concurrency: int = 4) -> subprocess.Popen[bytes]:
         name = f"w{len(self.workers)}@%h"
         worker = self._spawn(
             "worker", "--concurrency", str(concurrency), "-n", name, "--without-mingle"

@@ -1,11 +1,12 @@
 """Delayed delivery: messages wait in `broker_delayedmessage` until their time (database clock),
 then a scan moves each into the commit log exactly once, with its queue offset assigned then."""
 
+import time
 import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -93,6 +94,33 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
             )
         DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
     return len(due)
+
+
+def seconds_until_next_due() -> float | None:
+    """Database clock: how long until the earliest delayed message is due (None: nothing waits)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM (min(deliver_at) - now())) FROM broker_delayedmessage"
+        )
+        row = cursor.fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def delayed_deliver_for(*, seconds: float) -> int:
+    """Delivers what is due, then keeps delivering for `seconds`, sleeping until the next due
+    time rather than waiting for the next beat: lateness is processing time, not beat period."""
+    deadline = time.monotonic() + seconds
+    moved = 0
+    while True:
+        batch = delayed_deliver_due()
+        moved += batch
+        if batch:
+            continue
+        remaining = deadline - time.monotonic()
+        wait = seconds_until_next_due()
+        if wait is None or wait >= remaining:
+            return moved
+        time.sleep(max(wait, 0.005))
 
 
 def retention_sweep(*, batch: int = 5000) -> dict[str, int]:

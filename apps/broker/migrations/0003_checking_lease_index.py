@@ -4,14 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('broker', '0002_checkback_and_delay'),
+        ("broker", "0002_checkback_and_delay"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='halfmessage',
-            index=models.Index(condition=models.Q(('checking_until__isnull', False), ('state', 'PREPARED')), fields=['checking_until'], name='half_checking_idx'),
+            model_name="halfmessage",
+            index=models.Index(
+                condition=models.Q(("checking_until__isnull", False), ("state", "PREPARED")),
+                fields=["checking_until"],
+                name="half_checking_idx",
+            ),
         ),
     ]

@@ -18,8 +18,13 @@ def main() -> None:
     consumer = SimpleConsumer(TXHUB, config()["token"], "shipping", topic="orders")
 
     def show(message: ReceivedMessage) -> None:
+        body = (
+            message.body.decode(errors="replace")
+            if isinstance(message.body, bytes)
+            else message.body
+        )
         print(
-            f"received: {message.body} (msg {message.msg_id}, attempt {message.delivery_attempt})",
+            f"received: {body} (msg {message.msg_id}, attempt {message.delivery_attempt})",
             flush=True,
         )
 

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import make_server
@@ -159,4 +158,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -100,12 +100,9 @@ class Server:
         return {"Authorization": f"Bearer {raw}"}
 
 
-@pytest.fixture(scope="session")
-def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
-    """A real gunicorn (2 workers x 8 threads) serving the test database."""
-    port = free_port()
-    env = {**os.environ, "DATABASE_URL": db_url_for_tests(), "TXHUB_DB_POOL_MAX": "12"}
-    log = open(ROOT / "var" / "test-gunicorn.log", "w")  # noqa: SIM115 - closed at teardown
+def start_gunicorn(port: int, *, workers: int = 2, threads: int = 8, log: Any = None) -> Any:
+    """A real gunicorn on the test database, in its own process group; returns once it answers."""
+    env = {**os.environ, "DATABASE_URL": db_url_for_tests()}
     process = subprocess.Popen(
         [
             str(BIN / "gunicorn"),
@@ -115,30 +112,36 @@ def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
             "--worker-class",
             "gthread",
             "--workers",
-            "2",
+            str(workers),
             "--threads",
-            "8",
+            str(threads),
         ],
         cwd=ROOT,
         env=env,
-        stdout=log,
+        stdout=log or subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if requests.get(base + "/healthz", timeout=1).status_code == 200:
-                break
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return process
         except requests.ConnectionError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        raise RuntimeError("gunicorn did not start; see var/test-gunicorn.log")
-    yield base
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=30)
-    log.close()
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("gunicorn did not start")
+
+
+@pytest.fixture(scope="session")
+def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """A real gunicorn (2 workers x 8 threads) serving the test database."""
+    port = free_port()
+    with open(ROOT / "var" / "test-gunicorn.log", "w") as log:
+        process = start_gunicorn(port, log=log)
+        yield f"http://127.0.0.1:{port}"
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
 
 
 @pytest.fixture

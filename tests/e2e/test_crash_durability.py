@@ -5,7 +5,6 @@ still there and is delivered."""
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import requests
@@ -13,39 +12,9 @@ from django.db import connection
 
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
-from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
+from tests.conftest import ROOT, free_port, start_gunicorn
 
 pytestmark = pytest.mark.e2e
-
-
-def start_gunicorn(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": db_url_for_tests()}
-    process = subprocess.Popen(
-        [
-            str(BIN / "gunicorn"),
-            "txhub.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--worker-class",
-            "gthread",
-            "--workers",
-            "1",
-            "--threads",
-            "4",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    for _ in range(100):
-        try:
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return process
-        except requests.ConnectionError:
-            time.sleep(0.1)
-    raise RuntimeError("gunicorn did not start")
 
 
 def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db: None) -> None:
@@ -56,7 +25,7 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
     headers = {"Authorization": f"Bearer {raw}"}
     port = free_port()
     base = f"http://127.0.0.1:{port}/api/v1"
-    web = start_gunicorn(port)
+    web = start_gunicorn(port, workers=1, threads=4)
     acknowledged = []
     for i in range(20):
         sent = requests.post(
@@ -87,7 +56,7 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
     connection.close()  # this test's own connection died with the server; the pool hands a new one
 
     assert set(CommitLogEntry.objects.values_list("msg_id", flat=True)) == set(acknowledged)
-    web = start_gunicorn(port)
+    web = start_gunicorn(port, workers=1, threads=4)
     try:
         received = set()
         for _ in range(5):

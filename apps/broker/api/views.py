@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import limits, selectors
+from apps.broker import selectors
 from apps.broker.api import output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
@@ -209,14 +209,13 @@ class TransactionListView(APIView):
         )
         topic = selectors.topic_get(name=data["topic"])
         group = selectors.producer_group_get(name=data["producer_group"])
-        level = data.get("delay_level")
         half = transactions.transaction_prepare(
             producer_group=group,
             topic=topic,
             message=data["message"],
             actor=producer_actor(request),
             check_immunity_seconds=data.get("check_immunity_seconds"),
-            delay_seconds=limits.DELAY_LEVEL_SECONDS[level - 1] if level else None,
+            delay_level=data.get("delay_level"),
             deliver_at=data.get("deliver_at"),
         )
         return Response(output.PreparedOut(half).data, status=status.HTTP_201_CREATED)

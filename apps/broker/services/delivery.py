@@ -49,11 +49,7 @@ def delayed_store(
         queue_id=queue_id,
         producer_group=message.producer_group,
         transaction_id=transaction_id,
-        tags=message.tags,
-        keys=message.keys,
-        properties=message.properties,
-        body=message.body,
-        body_is_binary=message.body_is_binary,
+        **message.row_fields(),
         born_at=born_at,
         deliver_at=deliver_at,
     )
@@ -81,14 +77,7 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
                 topic=delayed.topic,
                 queue_id=delayed.queue_id,
                 msg_id=delayed.msg_id,
-                message=OutgoingMessage(
-                    producer_group=delayed.producer_group,
-                    body=bytes(delayed.body),
-                    body_is_binary=delayed.body_is_binary,
-                    tags=delayed.tags,
-                    keys=delayed.keys,
-                    properties=delayed.properties,
-                ),
+                message=OutgoingMessage.of(delayed, delayed.producer_group),
                 born_at=delayed.born_at,
                 transaction_id=delayed.transaction_id,
             )

@@ -3,11 +3,12 @@
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.broker.models import CommitLogEntry, Topic, new_msg_id
+from apps.broker.models import CommitLogEntry, MessageFields, Topic, new_msg_id
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,28 @@ class OutgoingMessage:
     tags: str = ""
     keys: list[str] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
+
+    def row_fields(self) -> dict[str, Any]:
+        """The columns every stored copy of a message has (half, delayed, commit log)."""
+        return {
+            "tags": self.tags,
+            "keys": self.keys,
+            "properties": self.properties,
+            "body": self.body,
+            "body_is_binary": self.body_is_binary,
+        }
+
+    @classmethod
+    def of(cls, row: MessageFields, producer_group: str) -> "OutgoingMessage":
+        """The message again, from a stored copy (to move it on: delayed -> commit log)."""
+        return cls(
+            producer_group=producer_group,
+            body=bytes(row.body),
+            body_is_binary=row.body_is_binary,
+            tags=row.tags,
+            keys=row.keys,
+            properties=row.properties,
+        )
 
 
 def queue_for(*, topic: Topic, msg_id: str) -> int:
@@ -64,11 +87,7 @@ def commit_log_append(
         queue_offset=next_queue_offset(topic_id=topic.pk, queue_id=queue_id),
         producer_group=message.producer_group,
         transaction_id=transaction_id,
-        tags=message.tags,
-        keys=message.keys,
-        properties=message.properties,
-        body=message.body,
-        body_is_binary=message.body_is_binary,
+        **message.row_fields(),
         born_at=born_at or now,
         stored_at=now,
     )

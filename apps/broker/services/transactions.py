@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.broker import limits
 from apps.broker.models import (
     UNRESOLVED_STATES,
     CommitLogEntry,
@@ -57,9 +58,11 @@ def transaction_prepare(
     message: OutgoingMessage,
     actor: Actor,
     check_immunity_seconds: int | None = None,
-    delay_seconds: int | None = None,
+    delay_level: int | None = None,
     deliver_at: datetime | None = None,
 ) -> HalfMessage:
+    """Stores the half message (invisible). A delay applies from the commit on: a level is kept
+    as seconds to count from the commit, an instant as it is."""
     msg_id = new_msg_id()
     now = timezone.now()
     # The first check no sooner than TXHUB_TRANSACTION_TIMEOUT; immunity raises it, never lowers.
@@ -70,15 +73,11 @@ def transaction_prepare(
             producer_group=producer_group,
             topic=topic,
             queue_id=queue_for(topic=topic, msg_id=msg_id),
-            tags=message.tags,
-            keys=message.keys,
-            properties=message.properties,
-            body=message.body,
-            body_is_binary=message.body_is_binary,
+            **message.row_fields(),
             born_at=now,
             check_immunity_seconds=check_immunity_seconds,
             next_check_at=now + timedelta(seconds=first_check),
-            delay_seconds=delay_seconds,
+            delay_seconds=limits.DELAY_LEVEL_SECONDS[delay_level - 1] if delay_level else None,
             deliver_at=deliver_at,
         )
         _record(half, OpKind.PREPARE, actor, at=now)
@@ -261,14 +260,7 @@ def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:
 
 
 def _outgoing(half: HalfMessage) -> OutgoingMessage:
-    return OutgoingMessage(
-        producer_group=half.producer_group.name,
-        body=bytes(half.body),
-        body_is_binary=half.body_is_binary,
-        tags=half.tags,
-        keys=half.keys,
-        properties=half.properties,
-    )
+    return OutgoingMessage.of(half, half.producer_group.name)
 
 
 def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:

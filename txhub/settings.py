@@ -120,7 +120,8 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("TXHUB_STATIC_ROOT") or None  # collectstatic target, if used
 WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/console/login/"
+LOGIN_REDIRECT_URL = "/console/"
 
 # A base64 body of 4 MiB is ~5.6 MB of JSON; the API's own parser enforces the real limits.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024

@@ -21,6 +21,7 @@ urlpatterns = [
         name="api-docs",
     ),
     path("admin/", admin.site.urls),
+    path("console/", include("apps.console.urls")),
 ]
 
 handler404 = "apps.broker.api.errors.handler404"

@@ -1,5 +1,6 @@
 """Reads shared by the API and the console."""
 
+import contextlib
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
@@ -148,3 +149,62 @@ def dlq_list(*, group: ConsumerGroup) -> QuerySet[Delivery]:
         .select_related("message", "topic")
         .order_by("dlq_at", "id")
     )
+
+
+def transaction_search(
+    *,
+    state: str = "",
+    producer_group: str = "",
+    topic: str = "",
+    older_than_seconds: int | None = None,
+    min_check_times: int | None = None,
+    query: str = "",
+    order: str = "born_at",
+) -> QuerySet[HalfMessage]:
+    """The console's list: filters, a search over transaction id, message id or key, and a sort."""
+    found = HalfMessage.objects.select_related("topic", "producer_group").defer("body")
+    if state:
+        found = found.filter(state=state)
+    if producer_group:
+        found = found.filter(producer_group__name=producer_group)
+    if topic:
+        found = found.filter(topic__name=topic)
+    if older_than_seconds is not None:
+        found = found.filter(born_at__lte=timezone.now() - timedelta(seconds=older_than_seconds))
+    if min_check_times is not None:
+        found = found.filter(check_times__gte=min_check_times)
+    if query:
+        match = Q(msg_id=query.upper()) | Q(keys__contains=[query])
+        with contextlib.suppress(ValueError):  # not every query is a transaction id
+            match |= Q(transaction_id=uuid.UUID(query))
+        found = found.filter(match)
+    return found.order_by(order, "id")
+
+
+def console_overview() -> dict[str, Any]:
+    """The numbers on the console's first page."""
+    from apps.broker.models import DelayedMessage, TransactionState
+
+    hour_ago = timezone.now() - timedelta(hours=1)
+    by_state = dict(
+        HalfMessage.objects.filter(state__in=["PREPARED", "PARKED"])
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
+    resolved = dict(
+        HalfMessage.objects.filter(resolved_at__gte=hour_ago)
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
+    oldest = HalfMessage.objects.filter(state=TransactionState.PREPARED).order_by("born_at").first()
+    return {
+        "pending": by_state.get("PREPARED", 0),
+        "parked": by_state.get("PARKED", 0),
+        "committed_last_hour": resolved.get("COMMITTED", 0),
+        "rolled_back_last_hour": resolved.get("ROLLED_BACK", 0),
+        "oldest_pending_seconds": (
+            int((timezone.now() - oldest.born_at).total_seconds()) if oldest else None
+        ),
+        "delayed": DelayedMessage.objects.count(),
+        "dlq": Delivery.objects.filter(state=DeliveryState.DLQ).count(),
+    }

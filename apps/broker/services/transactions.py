@@ -49,6 +49,7 @@ class Resolution:
     half: HalfMessage
     entry: CommitLogEntry | None  # the commit-log row of a committed transaction
     deliver_at: datetime | None = None  # a delayed commit: when it becomes visible
+    changed: bool = True  # False when the same resolution was already there (nothing written)
 
 
 def transaction_prepare(
@@ -152,7 +153,7 @@ def _resolve(
         # Same resolution again: same answer, nothing written (idempotent retries).
         entry = _entry_of(half)
         due = None if entry else _delayed_due_of(half)
-        return Resolution(half, entry, due)
+        return Resolution(half, entry, due, changed=False)
     if half.state not in UNRESOLVED_STATES:
         raise TransactionResolved(state=half.state)
     now = timezone.now()

@@ -1,0 +1,51 @@
+"""Operator actions (console and Django admin): the same services as the API, with the operator's
+user name and a required reason recorded in the op record, in the same database transaction."""
+
+import uuid
+from dataclasses import dataclass
+
+from apps.broker.models import Resolver
+from apps.broker.services import transactions
+from apps.broker.services.errors import BrokerError, Conflict, invalid
+from apps.broker.services.transactions import Actor
+
+ACTIONS = ("commit", "rollback", "resume")
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str  # a sentence for the operator, also when nothing was done
+
+
+def operator_act(
+    *, transaction_id: uuid.UUID, action: str, username: str, reason: str
+) -> ActionResult:
+    if action not in ACTIONS:
+        raise invalid("action", f"Unknown action {action!r}.")
+    if not reason.strip():
+        raise invalid("reason", "A reason is required.")
+    actor = Actor(Resolver.OPERATOR, username)
+    try:
+        if action == "resume":
+            transactions.transaction_resume(
+                transaction_id=transaction_id, actor=actor, reason=reason
+            )
+            return ActionResult(True, "Resumed: check-back will ask the producer again.")
+        resolve = RESOLVERS[action]
+        outcome = resolve(transaction_id=transaction_id, actor=actor, reason=reason)
+    except Conflict as error:
+        return ActionResult(False, f"Nothing done: {error.message}")
+    state = outcome.half.state
+    if not outcome.changed:
+        return ActionResult(False, f"Nothing done: the transaction was already {state}.")
+    return ActionResult(True, f"{state.replace('_', ' ').capitalize()} by {username}.")
+
+
+RESOLVERS = {
+    "commit": transactions.transaction_commit,
+    "rollback": transactions.transaction_rollback,
+}
+
+
+__all__ = ["ACTIONS", "ActionResult", "BrokerError", "operator_act"]

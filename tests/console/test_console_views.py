@@ -1,6 +1,5 @@
 """Console pages and actions: login, roles enforced on the server, CSRF, audit trail, escaping."""
 
-
 import pytest
 from django.contrib.auth.models import Group, User
 from django.db import connection

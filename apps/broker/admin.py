@@ -1,0 +1,154 @@
+"""Django admin: everything visible; op records read-only (append-only by design); bulk commit and
+roll back through the operator service, with a reason asked on an intermediate page."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from apps.broker.models import (
+    ApiToken,
+    CommitLogEntry,
+    ConsumerGroup,
+    DelayedMessage,
+    HalfMessage,
+    OpRecord,
+    ProducerGroup,
+    Topic,
+)
+from apps.broker.services import operator
+from apps.console.roles import can_act
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OpRecordInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = OpRecord
+    fields = ("at", "op", "source", "actor", "reason", "detail")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _bulk(action: str, label: str) -> Any:
+    @admin.action(description=label)
+    def run(
+        modeladmin: "admin.ModelAdmin[HalfMessage]",
+        request: HttpRequest,
+        queryset: QuerySet[HalfMessage],
+    ) -> Any:
+        if not can_act(request.user):
+            modeladmin.message_user(request, "Only txhub operators can act.", messages.ERROR)
+            return None
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            for half in queryset:
+                result = operator.operator_act(
+                    transaction_id=half.transaction_id,
+                    action=action,
+                    username=request.user.get_username(),
+                    reason=form.cleaned_data["reason"],
+                )
+                level = messages.SUCCESS if result.ok else messages.WARNING
+                modeladmin.message_user(request, f"{half.transaction_id}: {result.message}", level)
+            return None
+        return TemplateResponse(
+            request,
+            "admin/broker/reason.html",
+            {
+                "title": f"{action.capitalize()} {queryset.count()} transaction(s)",
+                "queryset": queryset,
+                "form": form,
+                "action": request.POST.get("action"),
+                "opts": modeladmin.model._meta,
+            },
+        )
+
+    run.__name__ = f"{action}_selected"
+    return run
+
+
+@admin.register(HalfMessage)
+class HalfMessageAdmin(ReadOnlyAdmin):
+    list_display = (
+        "transaction_id",
+        "state",
+        "producer_group",
+        "topic",
+        "born_at",
+        "check_times",
+        "resolved_by",
+    )
+    list_filter = ("state", "resolved_by", "producer_group", "topic")
+    search_fields = ("=transaction_id", "=msg_id")
+    list_select_related = ("producer_group", "topic")
+    exclude = ("body",)
+    inlines = (OpRecordInline,)
+    actions = (
+        _bulk("commit", "Commit selected (asks a reason)"),
+        _bulk("rollback", "Roll back selected (asks a reason)"),
+    )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None  # the list (and its actions), never an edit form
+
+
+@admin.register(OpRecord)
+class OpRecordAdmin(ReadOnlyAdmin):
+    list_display = ("at", "op", "source", "actor", "half", "reason")
+    list_filter = ("op", "source")
+    list_select_related = ("half",)
+
+
+@admin.register(CommitLogEntry)
+class CommitLogEntryAdmin(ReadOnlyAdmin):
+    list_display = ("offset", "topic", "queue_id", "queue_offset", "msg_id", "stored_at")
+    list_select_related = ("topic",)
+    exclude = ("body",)
+
+
+@admin.register(DelayedMessage)
+class DelayedMessageAdmin(ReadOnlyAdmin):
+    list_display = ("msg_id", "topic", "deliver_at")
+    exclude = ("body",)
+
+
+@admin.register(Topic)
+class TopicAdmin(ReadOnlyAdmin):
+    list_display = ("name", "queues", "created_at")
+
+
+@admin.register(ProducerGroup)
+class ProducerGroupAdmin(ReadOnlyAdmin):
+    list_display = ("name", "check_url", "updated_at")
+    exclude = ("signing_secret", "previous_signing_secret")
+
+
+@admin.register(ConsumerGroup)
+class ConsumerGroupAdmin(ReadOnlyAdmin):
+    list_display = ("name", "max_delivery_attempts", "consume_from")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdmin):
+    list_display = ("name", "prefix", "scopes", "created_at", "revoked_at")
+    exclude = ("token_hash",)

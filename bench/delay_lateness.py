@@ -5,8 +5,6 @@ continuously; prints p50 / p99 / max of (received - due). Needs a running `make 
 """
 
 import argparse
-import http.client
-import json
 import os
 import statistics
 import sys
@@ -14,26 +12,12 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-class Client:
-    def __init__(self, base: str, token: str) -> None:
-        parts = urlsplit(base)
-        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80)
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-
-    def post(self, path: str, payload: object) -> dict[str, Any]:
-        self.conn.request("POST", "/api/v1" + path, json.dumps(payload), self.headers)
-        response = self.conn.getresponse()
-        body = response.read()
-        if response.status >= 300:
-            raise RuntimeError(f"{path}: {response.status} {body[:200]!r}")
-        return dict(json.loads(body))
+from http_client import Client  # noqa: E402
 
 
 def main() -> None:
@@ -51,7 +35,7 @@ def main() -> None:
 
     _, token = registry.token_create(name="bench-delay", scopes=["admin"])
     name = f"bench-delay-{int(time.time())}"
-    admin = Client(args.url, token)
+    admin = Client(args.url + "/api/v1", token)
     admin.post("/topics", {"name": name, "queues": 4})
     admin.post("/producer-groups", {"name": name, "check_url": "http://127.0.0.1:9/"})
     admin.post("/consumer-groups", {"name": name})
@@ -61,7 +45,7 @@ def main() -> None:
     lock = threading.Lock()
 
     def send(worker: int) -> None:
-        client = Client(args.url, token)
+        client = Client(args.url + "/api/v1", token)
         for i in range(worker, args.messages, args.senders):
             at = start + timedelta(seconds=args.window * i / args.messages)
             sent = client.post(
@@ -76,7 +60,7 @@ def main() -> None:
 
     def consume() -> None:
         nonlocal early
-        client = Client(args.url, token)
+        client = Client(args.url + "/api/v1", token)
         while len(lateness) + early < args.messages:
             batch = client.post(
                 f"/consumer-groups/{name}/receive",

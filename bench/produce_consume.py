@@ -12,8 +12,6 @@ Needs a running `make run` (http://127.0.0.1:8000 by default). Prints:
 """
 
 import argparse
-import http.client
-import json
 import os
 import re
 import statistics
@@ -23,13 +21,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from http_client import Client  # noqa: E402
+
 PG_PORT = os.environ.get("TXHUB_PG_PORT", "54329")
 
 PGBENCH_SCRIPT = """
@@ -37,9 +37,11 @@ PGBENCH_SCRIPT = """
 BEGIN;
 SELECT id FROM broker_apitoken WHERE token_hash = :token_hash;
 INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
-  born_at, transaction_id, state, check_times, resolved_by, producer_group_id, topic_id)
+  born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
+  producer_group_id, topic_id, next_check_at)
   VALUES (upper(md5(random()::text)), :q, '', '[]', '{}', 'bench message body', false, now(),
-  gen_random_uuid(), 'PREPARED', 0, '', :group_id, :topic_id) RETURNING id AS half_id \\gset
+  gen_random_uuid(), 'PREPARED', 0, 0, '', :group_id, :topic_id, now() + interval '6 seconds')
+  RETURNING id AS half_id \\gset
 INSERT INTO broker_oprecord (op, source, actor, reason, detail, at, half_id)
   VALUES ('PREPARE', 'PRODUCER', 'bench', '', '{}', now(), :half_id);
 COMMIT;
@@ -105,25 +107,6 @@ def server_cpu_ms() -> dict[str, float]:
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
-
-
-class Client:
-    """A light keep-alive JSON client (http.client): the load generator shares the machine's two
-    cores with the server, so it should spend as little CPU as it can."""
-
-    def __init__(self, base: str, token: str) -> None:
-        parts = urlsplit(base)
-        self.prefix = parts.path
-        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80)
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-
-    def post(self, path: str, payload: object = None) -> dict[str, Any]:
-        self.conn.request("POST", self.prefix + path, json.dumps(payload or {}), self.headers)
-        response = self.conn.getresponse()
-        body = response.read()
-        if response.status >= 300:
-            raise RuntimeError(f"{path}: {response.status} {body[:200]!r}")
-        return dict(json.loads(body))
 
 
 def run_http(base: str, token: str, messages: int, producers: int, name: str) -> dict[str, float]:

@@ -84,14 +84,21 @@ def commit_log_entry_of(*, half: HalfMessage) -> CommitLogEntry | None:
     return CommitLogEntry.objects.filter(transaction_id=half.transaction_id).first()
 
 
-def message_trace(*, msg_id: str, producer_groups: Collection[str] | None) -> dict[str, Any]:
-    """A message wherever it is: half message and its ops, commit-log position, deliveries."""
-    half = (
-        HalfMessage.objects.select_related("topic", "producer_group")
-        .prefetch_related("ops")
-        .filter(msg_id=msg_id)
-        .first()
-    )
+def message_trace(
+    *,
+    msg_id: str,
+    producer_groups: Collection[str] | None,
+    half: HalfMessage | None = None,
+) -> dict[str, Any]:
+    """A message wherever it is: half message and its ops, commit-log position, deliveries.
+    A caller that has already loaded the half message passes it, so it is not read again."""
+    if half is None:
+        half = (
+            HalfMessage.objects.select_related("topic", "producer_group")
+            .prefetch_related("ops")
+            .filter(msg_id=msg_id)
+            .first()
+        )
     entry = CommitLogEntry.objects.select_related("topic").filter(msg_id=msg_id).first()
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
     row = entry or delayed

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from apps.broker.models import Resolver
 from apps.broker.services import transactions
-from apps.broker.services.errors import BrokerError, Conflict, invalid
+from apps.broker.services.errors import Conflict, invalid
 from apps.broker.services.transactions import Actor
 
 ACTIONS = ("commit", "rollback", "resume")
@@ -46,6 +46,3 @@ RESOLVERS = {
     "commit": transactions.transaction_commit,
     "rollback": transactions.transaction_rollback,
 }
-
-
-__all__ = ["ACTIONS", "ActionResult", "BrokerError", "operator_act"]

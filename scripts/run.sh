@@ -8,6 +8,10 @@ cd "$ROOT"
 BIN="$ROOT/.venv/bin"
 PORT="${TXHUB_PORT:-8000}"
 mkdir -p var/run
+# Event counters of every web and Celery process are summed from here at scrape time
+# (prometheus-client's multiprocess mode); a new run starts them from zero.
+export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$ROOT/var/metrics}"
+rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
 "$BIN/python" manage.py ensure_superuser
 

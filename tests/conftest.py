@@ -100,9 +100,16 @@ class Server:
         return {"Authorization": f"Bearer {raw}"}
 
 
-def start_gunicorn(port: int, *, workers: int = 2, threads: int = 8, log: Any = None) -> Any:
+def start_gunicorn(
+    port: int,
+    *,
+    workers: int = 2,
+    threads: int = 8,
+    log: Any = None,
+    extra_env: dict[str, str] | None = None,
+) -> Any:
     """A real gunicorn on the test database, in its own process group; returns once it answers."""
-    env = {**os.environ, "DATABASE_URL": db_url_for_tests()}
+    env = {**os.environ, "DATABASE_URL": db_url_for_tests(), **(extra_env or {})}
     process = subprocess.Popen(
         [
             str(BIN / "gunicorn"),

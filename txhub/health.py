@@ -1,9 +1,14 @@
-"""Liveness and readiness probes: plain JSON, no auth."""
+"""Liveness and readiness probes (plain JSON, no auth) and the Prometheus scrape endpoint."""
+
+import hmac
 
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from apps.broker.metrics import scrape_registry
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -27,3 +32,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
     )
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format. Open like the probes unless TXHUB_METRICS_TOKEN is set."""
+    expected = settings.TXHUB_METRICS_TOKEN
+    if expected:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)

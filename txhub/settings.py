@@ -205,6 +205,8 @@ TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0
 TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600)
 # Resolved transactions, their op records and delivered commit-log rows older than this go.
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
+# When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
+TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 
 LOGGING = {
     "version": 1,

@@ -7,6 +7,7 @@ from txhub import health
 urlpatterns = [
     path("healthz", health.healthz),
     path("readyz", health.readyz),
+    path("metrics", health.metrics),
     path("api/v1/", include("apps.broker.api.urls")),
     path(
         "api/schema/",

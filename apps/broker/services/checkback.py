@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.broker.metrics import CHECKBACK_ATTEMPTS, CHECKBACK_LATENCY
 from apps.broker.models import HalfMessage, OpKind, OpRecord, ProducerGroup, Resolver
 from apps.broker.models import TransactionState as State
 from apps.broker.services import transactions
@@ -261,6 +262,9 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         "latency_ms": result.latency_ms,
         "webhook_id": result.webhook_id,
     }
+    CHECKBACK_ATTEMPTS.labels(result=result.answer if result.reached else "unreachable").inc()
+    if result.reached:
+        CHECKBACK_LATENCY.observe(result.latency_ms / 1000)
     with transaction.atomic():
         # Lock: a late producer commit/rollback or an operator action on the same transaction
         # waits here (or we wait for it), so the answer applies only while still PREPARED.

@@ -11,6 +11,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.broker import limits
+from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import CommitLogEntry, DelayedMessage
 from apps.broker.services.errors import invalid
 from apps.broker.services.sending import OutgoingMessage, commit_log_append
@@ -82,6 +83,9 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
                 transaction_id=delayed.transaction_id,
             )
         DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
+        moved_at = timezone.now()
+        lateness = [(moved_at - d.deliver_at).total_seconds() for d in due]
+        transaction.on_commit(lambda: observe_all(DELAY_LATENESS, lateness))
     return len(due)
 
 

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.broker import limits
+from apps.broker.metrics import count_resolution
 from apps.broker.models import (
     UNRESOLVED_STATES,
     CommitLogEntry,
@@ -161,6 +162,7 @@ def _resolve(
     half.resolved_at = now
     half.resolved_by = actor.source
     half.next_check_at = None
+    count_resolution(outcome=target, resolved_by=actor.source)
     if target == TransactionState.COMMITTED:
         due = _delivery_due(half, now)
         if due is None:

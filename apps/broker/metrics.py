@@ -1,0 +1,142 @@
+"""Prometheus metrics: event counters kept by the processes that see the events, and gauges read
+from Postgres when /metrics is scraped.
+
+State (pending, parked, delayed, lag, DLQ) lives in Postgres, so it is read at scrape time: any
+web process answers the same, whichever process changed it. Events (resolutions, check-back
+attempts and latency, delay lateness) happen in web and Celery processes alike; when
+PROMETHEUS_MULTIPROC_DIR is set (`make run` sets it) each process writes them to that directory
+and the scrape sums them, which is prometheus-client's multiprocess mode (decision 0007).
+"""
+
+import os
+from collections.abc import Iterator
+
+from django.db import connection
+from django.db import transaction as db_transaction
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+# Instruments live in their own registry: in single-process mode (tests, `manage.py shell`) the
+# scrape reads it directly; in multiprocess mode their values are read back from the files.
+EVENTS = CollectorRegistry(auto_describe=True)
+
+RESOLUTIONS = Counter(
+    "txhub_transactions_resolved",
+    "Transactions resolved, by outcome and by who resolved them.",
+    ["outcome", "resolved_by"],
+    registry=EVENTS,
+)
+CHECKBACK_ATTEMPTS = Counter(
+    "txhub_checkback_attempts",
+    "Check-back calls to producers, by result (COMMIT, ROLLBACK, UNKNOWN, unreachable).",
+    ["result"],
+    registry=EVENTS,
+)
+CHECKBACK_LATENCY = Histogram(
+    "txhub_checkback_latency_seconds",
+    "Time from sending a check-back request to its answer (reached producers only).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=EVENTS,
+)
+DELAY_LATENESS = Histogram(
+    "txhub_delayed_delivery_lateness_seconds",
+    "How long after its due time a delayed message entered the commit log.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+    registry=EVENTS,
+)
+
+
+def count_resolution(*, outcome: str, resolved_by: str) -> None:
+    """Counted once the database transaction that resolved it commits, never for a rollback."""
+    db_transaction.on_commit(
+        lambda: RESOLUTIONS.labels(outcome=outcome, resolved_by=resolved_by).inc()
+    )
+
+
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    for value in values:
+        histogram.observe(value)
+
+
+# Gauges read at scrape time. Each is one grouped query; none touches a message body.
+STATE_SQL = """
+SELECT t.name, h.state, count(*), EXTRACT(EPOCH FROM now() - min(h.born_at))
+FROM broker_halfmessage h JOIN broker_topic t ON t.id = h.topic_id
+WHERE h.state IN ('PREPARED', 'PARKED') GROUP BY t.name, h.state
+"""
+DELAYED_SQL = """
+SELECT t.name, count(*) FROM broker_delayedmessage d JOIN broker_topic t ON t.id = d.topic_id
+GROUP BY t.name
+"""
+LAG_SQL = """
+SELECT g.name, t.name, sum(GREATEST(q.next_offset - c.next_offset, 0))
+FROM broker_consumercursor c
+JOIN broker_consumergroup g ON g.id = c.group_id
+JOIN broker_topic t ON t.id = c.topic_id
+JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
+GROUP BY g.name, t.name
+"""
+DELIVERIES_SQL = """
+SELECT g.name, t.name, d.state, count(*)
+FROM broker_delivery d
+JOIN broker_consumergroup g ON g.id = d.group_id
+JOIN broker_topic t ON t.id = d.topic_id
+WHERE d.state IN ('INFLIGHT', 'DLQ') GROUP BY g.name, t.name, d.state
+"""
+
+
+class DatabaseCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        transactions = GaugeMetricFamily(
+            "txhub_transactions",
+            "Unresolved transactions by topic and state.",
+            labels=["topic", "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "txhub_oldest_transaction_age_seconds",
+            "Age of the oldest unresolved transaction by topic and state.",
+            labels=["topic", "state"],
+        )
+        delayed = GaugeMetricFamily(
+            "txhub_delayed_messages", "Delayed messages waiting for their time.", labels=["topic"]
+        )
+        lag = GaugeMetricFamily(
+            "txhub_consumer_lag",
+            "Messages committed but not yet received (ready) plus received and not acked.",
+            labels=["group", "topic"],
+        )
+        in_flight = GaugeMetricFamily(
+            "txhub_consumer_in_flight", "Received, not yet acked.", labels=["group", "topic"]
+        )
+        dlq = GaugeMetricFamily(
+            "txhub_dlq_messages", "Messages in the dead-letter queue.", labels=["group", "topic"]
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(STATE_SQL)
+            for topic, state, count, age in cursor.fetchall():
+                transactions.add_metric([topic, state], count)
+                oldest.add_metric([topic, state], float(age))
+            cursor.execute(DELAYED_SQL)
+            for topic, count in cursor.fetchall():
+                delayed.add_metric([topic], count)
+            cursor.execute(DELIVERIES_SQL)
+            counts = {(g, t, s): n for g, t, s, n in cursor.fetchall()}
+            cursor.execute(LAG_SQL)
+            for group, topic, ready in cursor.fetchall():
+                flying = counts.get((group, topic, "INFLIGHT"), 0)
+                lag.add_metric([group, topic], int(ready) + flying)
+                in_flight.add_metric([group, topic], flying)
+                dlq.add_metric([group, topic], counts.get((group, topic, "DLQ"), 0))
+        yield from (transactions, oldest, delayed, lag, in_flight, dlq)
+
+
+def scrape_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(EVENTS)
+    return registry

@@ -164,6 +164,12 @@ class HalfMessage(MessageFields):
                 fields=["producer_group", "state", "born_at"], name="half_group_state_idx"
             ),
             models.Index(fields=["state", "born_at"], name="half_state_born_idx"),
+            # The console's resolutions-per-minute chart and the retention sweep.
+            models.Index(
+                fields=["resolved_at"],
+                name="half_resolved_idx",
+                condition=Q(resolved_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -202,7 +208,11 @@ class OpRecord(models.Model):
                 name="one_final_op_per_transaction",
             )
         ]
-        indexes = [models.Index(fields=["half", "id"], name="op_half_idx")]
+        indexes = [
+            models.Index(fields=["half", "id"], name="op_half_idx"),
+            # The console's check-back success rate over the last hour.
+            models.Index(fields=["op", "at"], name="op_kind_at_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.op} {self.half_id}"

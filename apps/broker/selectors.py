@@ -6,6 +6,7 @@ from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
@@ -18,6 +19,8 @@ from apps.broker.models import (
     DeliveryState,
     HalfMessage,
     MessageQueue,
+    OpKind,
+    OpRecord,
     ProducerGroup,
     Topic,
 )
@@ -214,4 +217,87 @@ def console_overview() -> dict[str, Any]:
         ),
         "delayed": DelayedMessage.objects.count(),
         "dlq": Delivery.objects.filter(state=DeliveryState.DLQ).count(),
+        "checkback_success": _checkback_success_since(hour_ago),
+        "consumer_lag": _consumer_lag_total(),
     }
+
+
+def _checkback_success_since(since: Any) -> dict[str, Any]:
+    """Check-back calls since `since` and the share that got a decision (COMMIT or ROLLBACK)."""
+    checks = OpRecord.objects.filter(op=OpKind.CHECK, at__gte=since).aggregate(
+        total=Count("id"),
+        decided=Count("id", filter=Q(detail__answer__in=["COMMIT", "ROLLBACK"])),
+    )
+    total, decided = checks["total"], checks["decided"]
+    return {"total": total, "decided": decided, "rate": decided / total if total else None}
+
+
+CONSUMER_LAG_SQL = """
+SELECT COALESCE(sum(GREATEST(q.next_offset - c.next_offset, 0)), 0)
+    + (SELECT count(*) FROM broker_delivery WHERE state = 'INFLIGHT')
+FROM broker_consumercursor c
+JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
+"""
+
+
+def _consumer_lag_total() -> int:
+    """Over all groups: committed but not yet received, plus received and not acked."""
+    with connection.cursor() as cursor:
+        cursor.execute(CONSUMER_LAG_SQL)
+        return int(cursor.fetchone()[0])
+
+
+RESOLUTIONS_PER_MINUTE_SQL = """
+SELECT date_trunc('minute', resolved_at) AS minute, state, resolved_by = 'CHECK_BACK', count(*)
+FROM broker_halfmessage
+WHERE resolved_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+GROUP BY 1, 2, 3
+"""
+
+
+def resolutions_per_minute(*, minutes: int = 180) -> dict[str, Any]:
+    """Commits, rollbacks and check-back resolutions per minute over the last `minutes`."""
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
+    slots = [start + timedelta(minutes=i) for i in range(minutes)]
+    series = {name: [0] * minutes for name in ("commits", "rollbacks", "checkback")}
+    with connection.cursor() as cursor:
+        cursor.execute(RESOLUTIONS_PER_MINUTE_SQL, {"minutes": minutes - 1})
+        for minute, state, by_checkback, count in cursor.fetchall():
+            index = int((minute - start).total_seconds() // 60)
+            if not 0 <= index < minutes:
+                continue
+            series["commits" if state == "COMMITTED" else "rollbacks"][index] += count
+            if by_checkback:
+                series["checkback"][index] += count
+    return {"slots": slots, **series}
+
+
+PENDING_AGE_BUCKETS = [
+    (10, "<10 s"),
+    (60, "10 s–1 min"),
+    (300, "1–5 min"),
+    (1800, "5–30 min"),
+    (3600, "30 min–1 h"),
+    (21600, "1–6 h"),
+    (86400, "6–24 h"),
+]
+PENDING_BY_AGE_SQL = """
+SELECT width_bucket(EXTRACT(EPOCH FROM now() - born_at), %(limits)s::float8[]), count(*)
+FROM broker_halfmessage WHERE state = 'PREPARED' GROUP BY 1
+"""
+
+
+def pending_by_age() -> list[tuple[str, int]]:
+    """Unresolved (PREPARED) transactions in age buckets, youngest first."""
+    labels = [label for _, label in PENDING_AGE_BUCKETS] + ["> 24 h"]
+    counts = [0] * len(labels)
+    with connection.cursor() as cursor:
+        cursor.execute(PENDING_BY_AGE_SQL, {"limits": [float(s) for s, _ in PENDING_AGE_BUCKETS]})
+        for bucket, count in cursor.fetchall():
+            counts[bucket] += count
+    return list(zip(labels, counts, strict=True))
+
+
+def delayed_list() -> QuerySet[DelayedMessage]:
+    """What waits for its delivery time, soonest first (the console's delayed page)."""
+    return DelayedMessage.objects.select_related("topic").defer("body").order_by("deliver_at", "id")

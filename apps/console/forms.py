@@ -1,6 +1,12 @@
-from django import forms
+import uuid
+from collections.abc import Callable
+from typing import Any
 
-from apps.broker.models import TransactionState
+from django import forms
+from django.core.exceptions import ValidationError
+
+from apps.broker import limits
+from apps.broker.models import ConsumeFrom, TransactionState
 
 SORTS = [
     ("born_at", "oldest first"),
@@ -30,3 +36,82 @@ class ReasonForm(forms.Form):
         help_text="Recorded with your user name in the transaction's history.",
     )
     confirm = forms.BooleanField(label="I have checked this transaction and want to go ahead.")
+
+
+def _limit(check: Callable[..., str], **kwargs: Any) -> Callable[[str], None]:
+    """A Django validator from one of apps.broker.limits' checks: the API's rules, not a copy."""
+
+    def validate(value: str) -> None:
+        try:
+            check(value, **kwargs)
+        except limits.LimitError as error:
+            raise ValidationError(str(error)) from None
+
+    return validate
+
+
+class NameField(forms.CharField):
+    def __init__(self, what: str, **kwargs: Any) -> None:
+        super().__init__(
+            max_length=127, validators=[_limit(limits.check_name, what=what)], **kwargs
+        )
+
+
+class TopicForm(forms.Form):
+    name = NameField("name")
+    queues = forms.IntegerField(min_value=1, max_value=256, initial=4)
+
+
+class ProducerGroupForm(forms.Form):
+    name = NameField("name")
+    check_url = forms.URLField(max_length=2048, assume_scheme="https")
+
+
+class CheckUrlForm(forms.Form):
+    check_url = forms.URLField(max_length=2048, assume_scheme="https")
+
+
+class ConsumerGroupForm(forms.Form):
+    name = NameField("name")
+    max_delivery_attempts = forms.IntegerField(min_value=1, max_value=1000, initial=16)
+    consume_from = forms.ChoiceField(choices=ConsumeFrom.choices, initial=ConsumeFrom.FIRST)
+
+
+class ConsumerGroupEditForm(forms.Form):
+    max_delivery_attempts = forms.IntegerField(min_value=1, max_value=1000)
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=127)
+    scopes = forms.CharField(
+        max_length=4000,
+        help_text="Space or comma separated: admin, produce:<producer group>, consume:<group>.",
+    )
+
+    def clean_scopes(self) -> list[str]:
+        scopes = [s for s in self.cleaned_data["scopes"].replace(",", " ").split() if s]
+        if not scopes:
+            raise ValidationError("At least one scope.")
+        for scope in scopes:
+            _limit(limits.check_scope)(scope)
+        return scopes
+
+
+class BulkActionForm(forms.Form):
+    """The list page's bulk commit / roll back: the chosen ids, then a reason and a confirmation."""
+
+    action = forms.ChoiceField(choices=[("commit", "Commit"), ("rollback", "Roll back")])
+    ids = forms.TypedMultipleChoiceField(coerce=uuid.UUID, choices=[], required=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Any well-formed id is acceptable here; the service decides what each one allows.
+        self.fields["ids"].valid_value = lambda value: _is_uuid(value)  # type: ignore[attr-defined]
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True

@@ -16,10 +16,13 @@ from django.views.decorators.http import require_http_methods
 from apps.broker import selectors
 from apps.broker.services import operator
 from apps.broker.services.errors import NotFound
-from apps.console.forms import ReasonForm, TransactionFilterForm
+from apps.console import charts
+from apps.console.forms import BulkActionForm, ReasonForm, TransactionFilterForm
 from apps.console.roles import can_act, can_view
 
 PREVIEW_BYTES = 4096
+CHART_MINUTES = 180
+BULK_LIMIT = 500
 
 
 def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -27,14 +30,43 @@ def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not can_view(request.user):
             raise PermissionDenied("You are not in the txhub viewers or operators group.")
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except NotFound:
+            return render(request, "console/not_found.html", status=404)
 
     return wrapped
 
 
 @viewer_required
 def overview(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/overview.html", {"stats": selectors.console_overview()})
+    per_minute = selectors.resolutions_per_minute(minutes=CHART_MINUTES)
+    resolutions = charts.line_chart(
+        name="resolutions-per-minute",
+        slots=per_minute["slots"],
+        series=[
+            ("commits", per_minute["commits"], "#1b7f3a"),
+            ("rollbacks", per_minute["rollbacks"], "#777777"),
+            ("check-back resolutions", per_minute["checkback"], "#2f5fd0"),
+        ],
+    )
+    pending = charts.bar_chart(name="pending-by-age", bars=selectors.pending_by_age())
+    return render(
+        request,
+        "console/overview.html",
+        {
+            "stats": selectors.console_overview(),
+            "resolutions_chart": resolutions,
+            "pending_chart": pending,
+            "chart_hours": CHART_MINUTES // 60,
+        },
+    )
+
+
+@viewer_required
+def delayed_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(selectors.delayed_list(), 50).get_page(request.GET.get("page"))
+    return render(request, "console/delayed.html", {"page": page})
 
 
 @viewer_required
@@ -124,3 +156,38 @@ def transaction_action(
     return render(
         request, "console/confirm_action.html", {"half": half, "action": action, "form": form}
     )
+
+
+@require_http_methods(["POST"])
+@viewer_required
+def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
+    """Commit or roll back the transactions ticked in the list: a reason and a confirmation, then
+    each one through the same operator service, in its own database transaction."""
+    if not can_act(request.user):
+        raise PermissionDenied("Only txhub operators can act on transactions.")
+    chosen = BulkActionForm(request.POST)
+    if not chosen.is_valid():
+        messages.warning(request, "Tick at least one transaction, then choose an action.")
+        return redirect("console:transactions")
+    ids: list[uuid.UUID] = chosen.cleaned_data["ids"][:BULK_LIMIT]
+    action: str = chosen.cleaned_data["action"]
+    form = ReasonForm(request.POST if "reason" in request.POST else None)
+    if not form.is_valid():
+        return render(
+            request, "console/confirm_bulk.html", {"ids": ids, "action": action, "form": form}
+        )
+    results = [
+        operator.operator_act(
+            transaction_id=transaction_id,
+            action=action,
+            username=request.user.get_username(),
+            reason=form.cleaned_data["reason"],
+        )
+        for transaction_id in ids
+    ]
+    done = sum(result.ok for result in results)
+    messages.success(request, f"{done} of {len(ids)} transactions: {action} done.")
+    for transaction_id, result in zip(ids, results, strict=True):
+        if not result.ok:
+            messages.warning(request, f"{transaction_id}: {result.message}")
+    return redirect("console:transactions")

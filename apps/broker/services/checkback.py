@@ -210,9 +210,34 @@ def parse_answer(response: requests.Response) -> tuple[str, str]:
 
 def call_check_url(half: HalfMessage) -> CheckResult:
     """POSTs the check, signed; never follows redirects; any failure is UNKNOWN, not a decision."""
-    group = half.producer_group
+    return _post_signed(half.producer_group, check_payload(half))
+
+
+def checkback_test(*, group: ProducerGroup) -> CheckResult:
+    """The console's "test callback": a signed check for a transaction that does not exist.
+
+    A listener that works answers UNKNOWN (or ROLLBACK) for it; nothing is recorded or applied.
+    The payload says `"test": true` so a producer can tell it apart.
+    """
+    payload: dict[str, Any] = {
+        "transaction_id": str(uuid.uuid4()),
+        "msg_id": "TEST",
+        "producer_group": group.name,
+        "topic": "",
+        "tags": None,
+        "keys": [],
+        "properties": {},
+        "born_at": timezone.now().isoformat(),
+        "check_times": 0,
+        "body": "",
+        "test": True,
+    }
+    return _post_signed(group, payload)
+
+
+def _post_signed(group: ProducerGroup, payload: dict[str, Any]) -> CheckResult:
     webhook_id = f"msg_{uuid.uuid4().hex}"
-    raw = json.dumps(check_payload(half), separators=(",", ":")).encode()
+    raw = json.dumps(payload, separators=(",", ":")).encode()
     timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",

@@ -87,6 +87,16 @@ def consumer_group_create(
         raise Conflict(f"Consumer group {name!r} already exists.") from None
 
 
+def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerGroup:
+    """Takes effect at the next receive: deliveries over the new limit go to the DLQ then."""
+    updated = ConsumerGroup.objects.filter(name=name).update(
+        max_delivery_attempts=max_delivery_attempts
+    )
+    if not updated:
+        raise NotFound(f"Consumer group {name!r} does not exist.")
+    return ConsumerGroup.objects.get(name=name)
+
+
 def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)

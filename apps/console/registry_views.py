@@ -1,0 +1,276 @@
+"""Console pages for topics, producer groups, consumer groups and API tokens.
+
+Reads go through selectors, writes through apps.broker.services.registry (the API's write path);
+every write is a POST, CSRF-protected, and refused on the server to users who are not operators.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.forms import Form
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.broker import selectors
+from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
+from apps.broker.services import checkback, consuming, registry
+from apps.broker.services.errors import BrokerError, NotFound
+from apps.console.forms import (
+    CheckUrlForm,
+    ConsumerGroupEditForm,
+    ConsumerGroupForm,
+    ProducerGroupForm,
+    TokenForm,
+    TopicForm,
+)
+from apps.console.roles import can_act
+from apps.console.views import viewer_required
+
+
+def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @viewer_required
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not can_act(request.user):
+            raise PermissionDenied("Only txhub operators can change the configuration.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _apply(request: HttpRequest, form: Form, write: Callable[[], str]) -> bool:
+    """Runs a registry write for a valid form; service refusals become form errors."""
+    if not form.is_valid():
+        return False
+    try:
+        messages.success(request, write())
+    except BrokerError as error:
+        form.add_error(None, error.message)
+        return False
+    return True
+
+
+# Topics ------------------------------------------------------------------------------------------
+
+
+@viewer_required
+def topic_list(request: HttpRequest) -> HttpResponse:
+    topics = [
+        {"topic": topic, "queues": selectors.topic_queue_offsets(topic=topic)}
+        for topic in Topic.objects.order_by("name")
+    ]
+    return render(
+        request,
+        "console/topics.html",
+        {"topics": topics, "form": TopicForm(), "can_act": can_act(request.user)},
+    )
+
+
+@require_POST
+@operator_required
+def topic_create(request: HttpRequest) -> HttpResponse:
+    form = TopicForm(request.POST)
+
+    def write() -> str:
+        topic = registry.topic_create(**form.cleaned_data)
+        return f"Topic {topic.name} created with {topic.queues} queues."
+
+    if _apply(request, form, write):
+        return redirect("console:topics")
+    return render(request, "console/form_page.html", {"form": form, "title": "New topic"})
+
+
+# Producer groups ---------------------------------------------------------------------------------
+
+
+@viewer_required
+def producer_group_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "console/producer_groups.html",
+        {
+            "groups": ProducerGroup.objects.order_by("name"),
+            "form": ProducerGroupForm(),
+            "can_act": can_act(request.user),
+        },
+    )
+
+
+def _show_secret_once(request: HttpRequest, group: ProducerGroup, what: str) -> None:
+    # Shown in the next page only (a session message), never stored anywhere readable again.
+    messages.info(request, f"{what} signing secret of {group.name}: {group.signing_secret}")
+
+
+@require_POST
+@operator_required
+def producer_group_create(request: HttpRequest) -> HttpResponse:
+    form = ProducerGroupForm(request.POST)
+
+    def write() -> str:
+        group = registry.producer_group_create(**form.cleaned_data)
+        _show_secret_once(request, group, "The")
+        return f"Producer group {group.name} created. Copy its signing secret now."
+
+    if _apply(request, form, write):
+        return redirect("console:producer-groups")
+    return render(request, "console/form_page.html", {"form": form, "title": "New producer group"})
+
+
+@require_POST
+@operator_required
+def producer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
+    form = CheckUrlForm(request.POST)
+
+    def write() -> str:
+        registry.producer_group_update(name=name, check_url=form.cleaned_data["check_url"])
+        return f"Check URL of {name} changed."
+
+    if _apply(request, form, write):
+        return redirect("console:producer-groups")
+    return render(request, "console/form_page.html", {"form": form, "title": f"Edit {name}"})
+
+
+@require_POST
+@operator_required
+def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
+    group = registry.producer_group_rotate_secret(name=name)
+    _show_secret_once(request, group, "The new")
+    messages.success(request, f"Secret of {name} rotated; the old one keeps signing for a while.")
+    return redirect("console:producer-groups")
+
+
+@require_POST
+@operator_required
+def producer_group_test(request: HttpRequest, name: str) -> HttpResponse:
+    group = selectors.producer_group_get(name=name)
+    result = checkback.checkback_test(group=group)
+    if result.reached:
+        text = (
+            f"Test callback to {group.check_url}: HTTP {result.status}, answer {result.answer}"
+            f"{' (' + result.error + ')' if result.error else ''}, {result.latency_ms} ms."
+        )
+    else:
+        text = f"Test callback to {group.check_url} did not reach it: {result.error}."
+    (messages.success if result.reached and result.status == 200 else messages.warning)(
+        request, text
+    )
+    return redirect("console:producer-groups")
+
+
+# Consumer groups ---------------------------------------------------------------------------------
+
+
+@viewer_required
+def consumer_group_list(request: HttpRequest) -> HttpResponse:
+    groups = []
+    for group in ConsumerGroup.objects.order_by("name"):
+        status = selectors.consumer_group_status(group=group)
+        totals = {key: sum(row[key] for row in status) for key in ("lag", "in_flight", "dlq")}
+        groups.append({"group": group, **totals})
+    return render(
+        request,
+        "console/consumer_groups.html",
+        {"groups": groups, "form": ConsumerGroupForm(), "can_act": can_act(request.user)},
+    )
+
+
+@viewer_required
+def consumer_group_detail(request: HttpRequest, name: str) -> HttpResponse:
+    try:
+        group = selectors.consumer_group_get(name=name)
+    except NotFound:
+        return render(request, "console/not_found.html", status=404)
+    return render(
+        request,
+        "console/consumer_group_detail.html",
+        {
+            "group": group,
+            "status": selectors.consumer_group_status(group=group),
+            "dlq": selectors.dlq_list(group=group)[:200],
+            "form": ConsumerGroupEditForm(
+                initial={"max_delivery_attempts": group.max_delivery_attempts}
+            ),
+            "can_act": can_act(request.user),
+        },
+    )
+
+
+@require_POST
+@operator_required
+def consumer_group_create(request: HttpRequest) -> HttpResponse:
+    form = ConsumerGroupForm(request.POST)
+
+    def write() -> str:
+        group = registry.consumer_group_create(**form.cleaned_data)
+        return f"Consumer group {group.name} created."
+
+    if _apply(request, form, write):
+        return redirect("console:consumer-groups")
+    return render(request, "console/form_page.html", {"form": form, "title": "New consumer group"})
+
+
+@require_POST
+@operator_required
+def consumer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
+    form = ConsumerGroupEditForm(request.POST)
+
+    def write() -> str:
+        registry.consumer_group_update(name=name, **form.cleaned_data)
+        return f"{name} now allows {form.cleaned_data['max_delivery_attempts']} attempts."
+
+    if _apply(request, form, write):
+        return redirect("console:consumer-group", name=name)
+    return render(request, "console/form_page.html", {"form": form, "title": f"Edit {name}"})
+
+
+@require_POST
+@operator_required
+def dlq_resend(request: HttpRequest, name: str, msg_id: str) -> HttpResponse:
+    group = selectors.consumer_group_get(name=name)
+    try:
+        consuming.dlq_resend(group=group, msg_id=msg_id)
+        messages.success(request, f"{msg_id} is back in {name}'s queue, with fresh attempts.")
+    except BrokerError as error:
+        messages.warning(request, f"Nothing done: {error.message}")
+    return redirect("console:consumer-group", name=name)
+
+
+# Tokens ------------------------------------------------------------------------------------------
+
+
+@viewer_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "console/tokens.html",
+        {
+            "tokens": ApiToken.objects.order_by("revoked_at", "name", "id"),
+            "form": TokenForm(),
+            "can_act": can_act(request.user),
+        },
+    )
+
+
+@require_POST
+@operator_required
+def token_create(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST)
+
+    def write() -> str:
+        token, raw = registry.token_create(**form.cleaned_data)
+        messages.info(request, f"Token {token.name}: {raw}")
+        return "Token created. Copy it now: it is not shown again."
+
+    if _apply(request, form, write):
+        return redirect("console:tokens")
+    return render(request, "console/form_page.html", {"form": form, "title": "New token"})
+
+
+@require_POST
+@operator_required
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    registry.token_revoke(token_id=token_id)
+    messages.success(request, f"Token {token_id} revoked: it stops working at once.")
+    return redirect("console:tokens")

@@ -26,6 +26,11 @@ ensure_debian_packages() {
   [ -n "$PG_BIN" ] && [ -x "$PG_BIN/pg_ctl" ] || missing+=(postgresql)
   command -v "$PY" >/dev/null 2>&1 || missing+=(python3 python3-venv)
   command -v pgbench >/dev/null 2>&1 || [ -x "$PG_BIN/pgbench" ] || missing+=(postgresql-contrib)
+  # The console's browser tests drive Debian's Chromium (Playwright never downloads a browser).
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  # The nightly reconciliation: PySpark needs Java 17 and reads Postgres with Debian's JDBC driver.
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq

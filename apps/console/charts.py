@@ -26,7 +26,7 @@ def _nice_ceiling(value: int) -> int:
 
 def _y_axis(top_value: int) -> SafeString:
     plot_height = HEIGHT - TOP - BOTTOM
-    ticks = [(top_value * i // 4, TOP + plot_height - plot_height * i / 4) for i in range(5)]
+    ticks = [(f"{top_value * i / 4:g}", TOP + plot_height - plot_height * i / 4) for i in range(5)]
     return format_html_join(
         "",
         '<line x1="{}" x2="{}" y1="{}" y2="{}" class="grid"/>'

@@ -188,7 +188,8 @@ def transaction_search(
         with contextlib.suppress(ValueError):  # not every query is a transaction id
             match |= Q(transaction_id=uuid.UUID(query))
         found = found.filter(match)
-    return found.order_by(order, "id")
+    # The tie-break follows the sort's direction so that one index serves both directions.
+    return found.order_by(order, "-id" if order.startswith("-") else "id")
 
 
 def console_overview() -> dict[str, Any]:

@@ -4,26 +4,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('broker', '0003_checking_lease_index'),
+        ("broker", "0003_checking_lease_index"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='halfmessage',
-            index=models.Index(condition=models.Q(('resolved_at__isnull', False)), fields=['resolved_at'], include=('state', 'resolved_by'), name='half_resolved_idx'),
+            model_name="halfmessage",
+            index=models.Index(
+                condition=models.Q(("resolved_at__isnull", False)),
+                fields=["resolved_at"],
+                include=("state", "resolved_by"),
+                name="half_resolved_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='halfmessage',
-            index=models.Index(fields=['born_at', 'id'], name='half_born_idx'),
+            model_name="halfmessage",
+            index=models.Index(fields=["born_at", "id"], name="half_born_idx"),
         ),
         migrations.AddIndex(
-            model_name='halfmessage',
-            index=models.Index(fields=['check_times', 'id'], name='half_check_times_idx'),
+            model_name="halfmessage",
+            index=models.Index(fields=["check_times", "id"], name="half_check_times_idx"),
         ),
         migrations.AddIndex(
-            model_name='oprecord',
-            index=models.Index(fields=['op', 'at'], name='op_kind_at_idx'),
+            model_name="oprecord",
+            index=models.Index(fields=["op", "at"], name="op_kind_at_idx"),
         ),
     ]

@@ -30,10 +30,10 @@ django.setup()
 
 from django.contrib.auth.models import Group, User  # noqa: E402
 from django.utils import timezone  # noqa: E402
+from seed import seed, unseed  # noqa: E402
 
 from apps.broker.models import HalfMessage  # noqa: E402
 from apps.broker.services import registry  # noqa: E402
-from seed import seed, unseed  # noqa: E402
 
 
 def login(url: str, username: str, password: str) -> requests.Session:

@@ -207,7 +207,7 @@ def test_all_candidates_is_the_union_of_every_finder(
     counts = {row["kind"]: row["count"] for row in found.groupBy("kind").count().collect()}
     assert counts == {
         "LOST_COMMIT": 1,
-        "LEAKED_ROLLBACK": 1,
+        "LEAKED_ROLLBACK": 2,  # t3, and t4 (conflicting outcomes), which is in the log
         "CONFLICTING_OUTCOMES": 1,
         "DUPLICATE_LOG_ROW": 1,
         "PHANTOM_LOG_ROW": 2,

@@ -5,10 +5,12 @@ With no environment set, everything points at the local services that `make run`
 """
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -173,6 +175,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.broker.tasks.retention_sweep",
         "schedule": timedelta(minutes=env_int("TXHUB_RETENTION_SWEEP_MINUTES", 10)),
     },
+    "reconcile-nightly": {
+        "task": "apps.broker.tasks.reconcile_nightly",
+        # "minute hour day-of-month month day-of-week", in TIME_ZONE; default 02:30 every day.
+        "schedule": crontab(*env_str("TXHUB_RECONCILE_CRON", "30 2 * * *").split()),
+    },
 }
 
 # txhub behaviour (CONTRACT section 3 and 4).
@@ -205,6 +212,16 @@ TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0
 TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600)
 # Resolved transactions, their op records and delivered commit-log rows older than this go.
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
+# The nightly reconciliation (spark_jobs/reconcile.py), launched with spark-submit.
+TXHUB_SPARK_MASTER = env_str("TXHUB_SPARK_MASTER", "local[2]")
+TXHUB_SPARK_SUBMIT = env_str(
+    "TXHUB_SPARK_SUBMIT", str(Path(sys.executable).parent / "spark-submit")
+)
+TXHUB_JDBC_JAR = env_str("TXHUB_JDBC_JAR", "/usr/share/java/postgresql.jar")
+TXHUB_RECONCILE_TIMEOUT = env_float("TXHUB_RECONCILE_TIMEOUT", 3 * 3600)
+TXHUB_RECONCILE_OUTPUT = Path(
+    env_str("TXHUB_RECONCILE_OUTPUT", str(BASE_DIR / "var" / "reconciliation"))
+)
 # When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 

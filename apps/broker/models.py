@@ -329,7 +329,7 @@ class RunStatus(models.TextChoices):
 
 
 class ReconciliationRun(models.Model):
-    """One run of the nightly reconciliation (spark_jobs/reconcile.py), visible even if it failed."""
+    """One run of the nightly reconciliation (spark_jobs/reconcile.py), kept even if it failed."""
 
     day = models.DateField()
     master = models.CharField(max_length=200)

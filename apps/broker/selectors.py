@@ -22,6 +22,7 @@ from apps.broker.models import (
     OpKind,
     OpRecord,
     ProducerGroup,
+    ReconciliationRun,
     Topic,
 )
 from apps.broker.services.errors import NotFound
@@ -219,6 +220,7 @@ def console_overview() -> dict[str, Any]:
         "delayed": DelayedMessage.objects.count(),
         "dlq": Delivery.objects.filter(state=DeliveryState.DLQ).count(),
         "checkback_success": _checkback_success_since(hour_ago),
+        "reconciliation": reconciliation_latest(),
         "consumer_lag": _consumer_lag_total(),
     }
 
@@ -302,3 +304,18 @@ def pending_by_age() -> list[tuple[str, int]]:
 def delayed_list() -> QuerySet[DelayedMessage]:
     """What waits for its delivery time, soonest first (the console's delayed page)."""
     return DelayedMessage.objects.select_related("topic").defer("body").order_by("deliver_at", "id")
+
+
+def reconciliation_runs() -> QuerySet[ReconciliationRun]:
+    return ReconciliationRun.objects.order_by("-started_at", "-id")
+
+
+def reconciliation_get(*, run_id: int) -> ReconciliationRun:
+    run = ReconciliationRun.objects.prefetch_related("findings").filter(pk=run_id).first()
+    if run is None:
+        raise NotFound(f"Reconciliation run {run_id} does not exist.")
+    return run
+
+
+def reconciliation_latest() -> ReconciliationRun | None:
+    return reconciliation_runs().annotate(findings_count=Count("findings")).first()

@@ -4,10 +4,13 @@ Beat triggers the scans every second; the scans read what is due from Postgres, 
 message is repaired by the next scan. No ETA lives in Redis: due times are in Postgres.
 """
 
+from datetime import timedelta
+
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
-from apps.broker.services import checkback, consuming, delivery
+from apps.broker.services import checkback, consuming, delivery, reconciliation
 
 
 @shared_task(acks_late=True)
@@ -42,3 +45,12 @@ def deliveries_expire_scan() -> int:
 @shared_task(acks_late=True)
 def retention_sweep() -> dict[str, int]:
     return delivery.retention_sweep()
+
+
+# Not acks_late: a run lost with its worker shows as a FAILED (or missing) run on the console,
+# and running Spark twice at night for the same day helps nobody.
+@shared_task(acks_late=False)
+def reconcile_nightly() -> str:
+    yesterday = timezone.now().date() - timedelta(days=1)
+    run = reconciliation.reconciliation_run(day=yesterday, master=settings.TXHUB_SPARK_MASTER)
+    return f"{run.day} {run.status}"

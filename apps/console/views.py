@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
@@ -191,3 +192,21 @@ def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
         if not result.ok:
             messages.warning(request, f"{transaction_id}: {result.message}")
     return redirect("console:transactions")
+
+
+@viewer_required
+def reconciliation_list(request: HttpRequest) -> HttpResponse:
+    page = Paginator(
+        selectors.reconciliation_runs().annotate(findings_count=Count("findings")), 30
+    ).get_page(request.GET.get("page"))
+    return render(request, "console/reconciliations.html", {"page": page})
+
+
+@viewer_required
+def reconciliation_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = selectors.reconciliation_get(run_id=run_id)
+    return render(
+        request,
+        "console/reconciliation_detail.html",
+        {"run": run, "findings": run.findings.order_by("kind", "id")},
+    )

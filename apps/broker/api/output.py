@@ -211,3 +211,28 @@ class TokenOut(serializers.Serializer[Any]):
     scopes = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
     revoked_at = serializers.DateTimeField(allow_null=True)
+
+
+class ReconciliationFindingOut(serializers.Serializer[Any]):
+    kind = serializers.CharField()
+    transaction_id = serializers.UUIDField(allow_null=True)
+    half_id = serializers.IntegerField(allow_null=True)
+    log_offset = serializers.IntegerField(allow_null=True)
+    delayed_id = serializers.IntegerField(allow_null=True)
+    explanation = serializers.CharField()
+
+
+class ReconciliationRunOut(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    day = serializers.DateField()
+    master = serializers.CharField()
+    status = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    counts = serializers.JSONField()
+    summary = serializers.JSONField()
+    error = serializers.CharField()
+
+
+class ReconciliationRunDetailOut(ReconciliationRunOut):
+    findings = ReconciliationFindingOut(many=True, source="findings.all")

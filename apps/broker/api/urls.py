@@ -24,4 +24,6 @@ urlpatterns = [
     path("transactions/<uuid:transaction_id>/rollback", views.TransactionRollbackView.as_view()),
     path("transactions/<uuid:transaction_id>/resume", views.TransactionResumeView.as_view()),
     path("messages/<str:msg_id>", views.MessageDetailView.as_view()),
+    path("reconciliations", views.ReconciliationListView.as_view()),
+    path("reconciliations/<int:run_id>", views.ReconciliationDetailView.as_view()),
 ]

@@ -384,3 +384,25 @@ class DlqResendView(APIView):
     def post(self, request: Request, group: str, msg_id: str) -> Response:
         delivery = consuming.dlq_resend(group=consumer_group(request, group), msg_id=msg_id)
         return Response(output.DeliveryOut(delivery).data)
+
+
+# Reconciliation ----------------------------------------------------------------------------
+
+
+class ReconciliationListView(APIView):
+    @extend_schema(responses={200: output.ReconciliationRunOut(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        """Runs of the nightly reconciliation, newest first, with their counts (admin scope)."""
+        require_admin(request)
+        paginator = Pagination()
+        page = paginator.paginate_queryset(selectors.reconciliation_runs(), request, view=self)
+        return paginator.get_paginated_response(output.ReconciliationRunOut(page, many=True).data)
+
+
+class ReconciliationDetailView(APIView):
+    @extend_schema(responses={200: output.ReconciliationRunDetailOut, **ERRORS})
+    def get(self, request: Request, run_id: int) -> Response:
+        """One run with every finding: its kind, the ids involved and an explanation."""
+        require_admin(request)
+        run = selectors.reconciliation_get(run_id=run_id)
+        return Response(output.ReconciliationRunDetailOut(run).data)

@@ -30,7 +30,10 @@ DELAYED = "EXISTS (SELECT 1 FROM broker_delayedmessage d WHERE d.transaction_id 
 # Composed of constants only; the keys are bound by the server.
 STILL_TRUE = {
     "LOST_COMMIT": HALF_BY_ID + HAS_OP.format(op="COMMIT") + f" AND NOT {IN_LOG} AND NOT {DELAYED}",
-    "LEAKED_ROLLBACK": HALF_BY_ID + HAS_OP.format(op="ROLLBACK") + f" AND {IN_LOG}",
+    "LEAKED_ROLLBACK": HALF_BY_ID
+    + HAS_OP.format(op="ROLLBACK")
+    + f" AND {IN_LOG} AND NOT "
+    + HAS_OP.format(op="COMMIT"),
     "CONFLICTING_OUTCOMES": HALF_BY_ID  # noqa: S608 - constants only
     + "(SELECT count(*) FROM broker_oprecord o "
     "WHERE o.half_id = h.id AND o.op IN ('COMMIT', 'ROLLBACK')) > 1",
@@ -38,7 +41,8 @@ STILL_TRUE = {
     "WHERE transaction_id = ANY(%(keys)s::uuid[]) GROUP BY transaction_id HAVING count(*) > 1",
     "PHANTOM_LOG_ROW": "SELECT DISTINCT l.transaction_id::text FROM broker_commitlogentry l "
     "WHERE l.transaction_id = ANY(%(keys)s::uuid[]) AND NOT EXISTS (SELECT 1 FROM "
-    "broker_halfmessage h JOIN broker_oprecord o ON o.half_id = h.id AND o.op = 'COMMIT' "
+    "broker_halfmessage h JOIN broker_oprecord o ON o.half_id = h.id "
+    "AND o.op IN ('COMMIT', 'ROLLBACK') "
     "WHERE h.transaction_id = l.transaction_id)",
     "STATE_DRIFT": HALF_BY_ID + f"h.state <> {EXPECTED_STATE_SQL}",
     "STUCK": HALF_BY_ID + "h.state = 'PREPARED' "

@@ -76,8 +76,16 @@ def lost_commits(ops: DataFrame, log: DataFrame, delayed: DataFrame) -> DataFram
 
 
 def leaked_rollbacks(ops: DataFrame, log: DataFrame) -> DataFrame:
-    """2. A ROLLBACK op whose message reached the commit log anyway."""
-    rollbacks = ops.filter(F.col("op") == "ROLLBACK").select("half_id", "transaction_id")
+    """2. A ROLLBACK op whose message reached the commit log anyway.
+
+    Not when the transaction has a COMMIT op too: that is a conflict (3), reported as such.
+    """
+    commits = ops.filter(F.col("op") == "COMMIT").select("transaction_id")
+    rollbacks = (
+        ops.filter(F.col("op") == "ROLLBACK")
+        .select("half_id", "transaction_id")
+        .join(commits, "transaction_id", "left_anti")
+    )
     leaked = (
         rollbacks.join(log.select("transaction_id", "log_offset"), "transaction_id")
         .groupBy("half_id", "transaction_id")
@@ -146,10 +154,13 @@ def duplicate_log_rows(log: DataFrame) -> DataFrame:
 
 
 def phantom_log_rows(ops: DataFrame, log: DataFrame) -> DataFrame:
-    """5. A commit-log row from a transaction that has no COMMIT op."""
-    commits = ops.filter(F.col("op") == "COMMIT").select("transaction_id")
+    """5. A commit-log row from a transaction that has no COMMIT op.
+
+    One with a ROLLBACK op instead is a leaked rollback (2) and is reported as that alone.
+    """
+    finals = ops.filter(F.col("op").isin(FINAL_OPS)).select("transaction_id")
     phantoms = log.filter(F.col("transaction_id").isNotNull()).join(
-        commits, "transaction_id", "left_anti"
+        finals, "transaction_id", "left_anti"
     )
     return _candidates(
         phantoms,

@@ -3,11 +3,9 @@ each anomaly, written with raw SQL behind the services' back, is found exactly; 
 resolving while the job reads are not reported; a run that cannot finish is recorded FAILED."""
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from django.db import connection
 from django.utils import timezone
 from pyspark.sql import SparkSession
@@ -28,29 +26,6 @@ from spark_jobs.session import Database
 
 PRODUCER = Actor(Resolver.PRODUCER, "shop-service")
 MAX_PENDING_AGE = 3600.0
-
-
-@pytest.fixture
-def unconstrained(transactional_db: None) -> Iterator[None]:
-    """Anomalies 3 and 4 cannot be written while the constraints that prevent them exist; the
-    job must still find them (a constraint dropped in a migration, a restore gone wrong)."""
-    with connection.cursor() as cursor:
-        cursor.execute("DROP INDEX one_final_op_per_transaction")
-        cursor.execute(
-            "ALTER TABLE broker_commitlogentry DROP CONSTRAINT "
-            "broker_commitlogentry_transaction_id_key"
-        )
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE broker_oprecord, broker_commitlogentry CASCADE")
-        cursor.execute(
-            "CREATE UNIQUE INDEX one_final_op_per_transaction ON broker_oprecord (half_id) "
-            "WHERE op IN ('COMMIT', 'ROLLBACK')"
-        )
-        cursor.execute(
-            "ALTER TABLE broker_commitlogentry ADD CONSTRAINT "
-            "broker_commitlogentry_transaction_id_key UNIQUE (transaction_id)"
-        )
 
 
 class Shop:

@@ -48,11 +48,18 @@ FROM broker_halfmessage h WHERE {window}"""
 OPS_SQL = """SELECT o.id, o.half_id, h.transaction_id::text AS transaction_id, o.op, o.source, o.at
 FROM broker_oprecord o JOIN broker_halfmessage h ON h.id = o.half_id
 WHERE o.op IN ('COMMIT', 'ROLLBACK', 'PARK', 'RESUME') AND {window}"""
-LOG_SQL = """SELECT l."offset" AS log_offset, l.transaction_id::text AS transaction_id, l.topic_id,
-    l.stored_at
-FROM broker_commitlogentry l
-WHERE (l.stored_at >= '{start}' AND l.stored_at < '{end}')
-   OR l.transaction_id IN (SELECT h.transaction_id FROM broker_halfmessage h WHERE {window})"""
+# The log in two reads with no overlap (an OR of both would defeat the indexes): rows stored in
+# the day, by offset ranges; and rows of the window's transactions stored on another day (a
+# delayed commit, a leaked row), through the unique index on transaction_id, by half id ranges.
+LOG_IN_DAY_SQL = """SELECT l."offset" AS log_offset, l.transaction_id::text AS transaction_id,
+    l.topic_id, l.stored_at
+FROM broker_commitlogentry l WHERE l.stored_at >= '{start}' AND l.stored_at < '{end}'"""
+LOG_BOUNDS_SQL = """SELECT min("offset"), max("offset") FROM broker_commitlogentry
+WHERE stored_at >= '{start}' AND stored_at < '{end}'"""
+LOG_OF_WINDOW_SQL = """SELECT h.id AS half_id, l."offset" AS log_offset,
+    l.transaction_id::text AS transaction_id, l.topic_id, l.stored_at
+FROM broker_halfmessage h JOIN broker_commitlogentry l ON l.transaction_id = h.transaction_id
+WHERE {window} AND NOT (l.stored_at >= '{start}' AND l.stored_at < '{end}')"""
 DELAYED_SQL = """SELECT d.id AS delayed_id, d.transaction_id::text AS transaction_id, d.deliver_at
 FROM broker_delayedmessage d"""
 GROUPS_SQL = "SELECT id AS group_id, name AS producer_group FROM broker_producergroup"
@@ -70,16 +77,13 @@ class Extractor:
     def __init__(self, spark: SparkSession, db: Database, partitions: int) -> None:
         self.spark, self.db, self.partitions = spark, db, partitions
 
-    def bounds(self, table: str, column: str) -> tuple[int, int]:
+    def bounds(self, sql: str) -> tuple[int, int]:
         with psycopg.connect(self.db.conninfo, autocommit=True) as connection:
-            row = connection.execute(
-                # Names come from the job's own plan, never from input.
-                f'SELECT min("{column}"), max("{column}") FROM {table}'  # noqa: S608
-            ).fetchone()
+            row = connection.execute(sql).fetchone()
         low, high = row or (None, None)
         return int(low or 0), int(high or 0) + 1
 
-    def read(self, sql: str, *, partition_on: tuple[str, str, str] | None = None) -> DataFrame:
+    def read(self, sql: str, *, partition_on: tuple[str, str] | None = None) -> DataFrame:
         reader = (
             self.spark.read.format("jdbc")
             .option("url", self.db.jdbc_url)
@@ -91,8 +95,8 @@ class Extractor:
         )
         if partition_on is not None:
             # Ranges of an indexed id column: each partition is one short indexed read.
-            column, table, table_column = partition_on
-            low, high = self.bounds(table, table_column)
+            column, bounds_sql = partition_on
+            low, high = self.bounds(bounds_sql)
             reader = (
                 reader.option("partitionColumn", column)
                 .option("lowerBound", low)
@@ -115,14 +119,13 @@ def extract(
     start, end = day_bounds(day)
     window = IN_WINDOW.format(start=start.isoformat(), end=end.isoformat())
     extractor = Extractor(spark, db, partitions)
-    plan: list[tuple[str, str, tuple[str, str, str] | None]] = [
-        ("halves", HALVES_SQL.format(window=window), ("id", "broker_halfmessage", "id")),
-        ("ops", OPS_SQL.format(window=window), ("half_id", "broker_halfmessage", "id")),
-        (
-            "log",
-            LOG_SQL.format(window=window, start=start.isoformat(), end=end.isoformat()),
-            ("log_offset", "broker_commitlogentry", "offset"),
-        ),
+    bounds = {"start": start.isoformat(), "end": end.isoformat()}
+    half_ids = "SELECT min(id), max(id) FROM broker_halfmessage"
+    plan: list[tuple[str, str, tuple[str, str] | None]] = [
+        ("halves", HALVES_SQL.format(window=window), ("id", half_ids)),
+        ("ops", OPS_SQL.format(window=window), ("half_id", half_ids)),
+        ("log", LOG_IN_DAY_SQL.format(**bounds), ("log_offset", LOG_BOUNDS_SQL.format(**bounds))),
+        ("log_of_window", LOG_OF_WINDOW_SQL.format(window=window, **bounds), ("half_id", half_ids)),
         ("delayed", DELAYED_SQL, None),
         ("groups", GROUPS_SQL, None),
         ("topics", TOPICS_SQL, None),
@@ -132,6 +135,7 @@ def extract(
         frames[name] = extractor.read(sql, partition_on=partition_on)
         if on_extracted is not None:
             on_extracted(name)  # tests change the database here, between two reads
+    frames["log"] = frames["log"].unionByName(frames.pop("log_of_window").drop("half_id"))
     return frames
 
 

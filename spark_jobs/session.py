@@ -32,12 +32,18 @@ class Database:
         )
 
 
-def build_session(master: str, *, shuffle_partitions: int = 8) -> SparkSession:
+def build_session(
+    master: str,
+    *,
+    shuffle_partitions: int = 8,
+    driver_memory: str = os.environ.get("TXHUB_SPARK_DRIVER_MEMORY", "2g"),
+) -> SparkSession:
     """One session per job; tests share one (getOrCreate returns it)."""
     session = (
         SparkSession.builder.master(master)
         .appName("txhub-reconcile")
         .config("spark.jars", JDBC_JAR)
+        .config("spark.driver.memory", driver_memory)  # only before the JVM starts
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")

@@ -1,0 +1,83 @@
+"""GET /api/v1/reconciliations (admin scope) and the console's Reconciliation pages."""
+
+import uuid
+from collections.abc import Callable
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from apps.broker.models import ReconciliationFinding, ReconciliationRun, RunStatus
+from tests.console.test_console_views import login
+
+
+@pytest.fixture
+def run(db: None) -> ReconciliationRun:
+    older = ReconciliationRun.objects.create(
+        day=timezone.now().date(), master="local[2]", status=RunStatus.OK
+    )
+    older.started_at = timezone.now() - timezone.timedelta(days=1)
+    older.save()
+    latest = ReconciliationRun.objects.create(
+        day=timezone.now().date(),
+        master="local[2]",
+        status=RunStatus.FINDINGS,
+        counts={"rows": {"halves": 10, "ops": 12, "log": 8}, "candidates": 2, "findings": 1},
+        summary=[{"producer_group": "shop", "topic": "orders", "committed": 8}],
+    )
+    ReconciliationFinding.objects.create(
+        run=latest,
+        kind="LOST_COMMIT",
+        transaction_id=uuid.UUID("00000000-0000-4000-8000-000000009527"),
+        half_id=7,
+        explanation="Transaction 9527 has a COMMIT op record but no commit-log row.",
+    )
+    return latest
+
+
+def test_runs_are_listed_newest_first_for_admins(run: ReconciliationRun, api: APIClient) -> None:
+    body = api.get("/api/v1/reconciliations").json()
+    assert [r["id"] for r in body["results"]][0] == run.pk
+    assert body["results"][0]["status"] == "FINDINGS"
+    assert body["results"][0]["counts"]["findings"] == 1
+
+
+def test_a_run_shows_its_findings(run: ReconciliationRun, api: APIClient) -> None:
+    body = api.get(f"/api/v1/reconciliations/{run.pk}").json()
+    assert body["findings"] == [
+        {
+            "kind": "LOST_COMMIT",
+            "transaction_id": "00000000-0000-4000-8000-000000009527",
+            "half_id": 7,
+            "log_offset": None,
+            "delayed_id": None,
+            "explanation": "Transaction 9527 has a COMMIT op record but no commit-log row.",
+        }
+    ]
+    missing = api.get("/api/v1/reconciliations/999999")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
+
+
+def test_reconciliations_need_the_admin_scope(
+    run: ReconciliationRun, make_client: Callable[..., APIClient]
+) -> None:
+    producer = make_client("produce:shop")
+    assert producer.get("/api/v1/reconciliations").status_code == 403
+    assert producer.get(f"/api/v1/reconciliations/{run.pk}").status_code == 403
+    assert APIClient().get("/api/v1/reconciliations").status_code == 401
+
+
+def test_the_console_lists_runs_and_links_findings_to_transactions(
+    run: ReconciliationRun,
+) -> None:
+    vera = login("txhub-viewers", "vera")
+    listing = vera.get("/console/reconciliations/").content.decode()
+    assert f"/console/reconciliations/{run.pk}/" in listing
+    assert "FINDINGS" in listing
+    detail = vera.get(f"/console/reconciliations/{run.pk}/").content.decode()
+    assert "/console/transactions/00000000-0000-4000-8000-000000009527/" in detail
+    assert "no commit-log row" in detail
+    overview = vera.get("/console/").content.decode()
+    assert "1 finding" in overview
+    assert vera.get("/console/reconciliations/999999/").status_code == 404

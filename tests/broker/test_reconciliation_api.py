@@ -2,11 +2,14 @@
 
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from apps.broker import tasks
 from apps.broker.models import ReconciliationFinding, ReconciliationRun, RunStatus
 from tests.console.test_console_views import login
 
@@ -16,7 +19,7 @@ def run(db: None) -> ReconciliationRun:
     older = ReconciliationRun.objects.create(
         day=timezone.now().date(), master="local[2]", status=RunStatus.OK
     )
-    older.started_at = timezone.now() - timezone.timedelta(days=1)
+    older.started_at = timezone.now() - timedelta(days=1)
     older.save()
     latest = ReconciliationRun.objects.create(
         day=timezone.now().date(),
@@ -81,3 +84,20 @@ def test_the_console_lists_runs_and_links_findings_to_transactions(
     overview = vera.get("/console/").content.decode()
     assert "1 finding" in overview
     assert vera.get("/console/reconciliations/999999/").status_code == 404
+
+
+def test_beat_launches_the_reconciliation_every_night_at_0230(settings: Any) -> None:
+    entry = settings.CELERY_BEAT_SCHEDULE["reconcile-nightly"]
+    assert entry["task"] == "apps.broker.tasks.reconcile_nightly"
+    assert entry["schedule"].hour == {2}
+    assert entry["schedule"].minute == {30}
+
+
+def test_the_nightly_task_reconciles_yesterday_and_records_a_failure(
+    transactional_db: None, settings: Any
+) -> None:
+    settings.TXHUB_SPARK_SUBMIT = "/bin/false"
+    assert tasks.reconcile_nightly().endswith("FAILED")
+    run = ReconciliationRun.objects.get()
+    assert run.day == timezone.now().date() - timedelta(days=1)
+    assert run.status == RunStatus.FAILED

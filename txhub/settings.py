@@ -214,6 +214,7 @@ TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
 # The nightly reconciliation (spark_jobs/reconcile.py), launched with spark-submit.
 TXHUB_SPARK_MASTER = env_str("TXHUB_SPARK_MASTER", "local[2]")
+TXHUB_SPARK_DRIVER_MEMORY = env_str("TXHUB_SPARK_DRIVER_MEMORY", "2g")
 TXHUB_SPARK_SUBMIT = env_str(
     "TXHUB_SPARK_SUBMIT", str(Path(sys.executable).parent / "spark-submit")
 )

@@ -39,6 +39,9 @@ def spark_submit_command(*, day: date, master: str, run_id: int) -> list[str]:
         master,
         "--jars",
         settings.TXHUB_JDBC_JAR,
+        # The driver's JVM is started by spark-submit, so its memory is set here, not in the job.
+        "--driver-memory",
+        settings.TXHUB_SPARK_DRIVER_MEMORY,
         "--conf",
         "spark.driver.host=127.0.0.1",
         "--conf",

@@ -76,6 +76,7 @@ class Extractor:
 
     def __init__(self, spark: SparkSession, db: Database, partitions: int) -> None:
         self.spark, self.db, self.partitions = spark, db, partitions
+        self.rows: dict[str, int] = {}
 
     def bounds(self, sql: str) -> tuple[int, int]:
         with psycopg.connect(self.db.conninfo, autocommit=True) as connection:
@@ -83,7 +84,9 @@ class Extractor:
         low, high = row or (None, None)
         return int(low or 0), int(high or 0) + 1
 
-    def read(self, sql: str, *, partition_on: tuple[str, str] | None = None) -> DataFrame:
+    def read(
+        self, name: str, sql: str, *, partition_on: tuple[str, str] | None = None
+    ) -> DataFrame:
         reader = (
             self.spark.read.format("jdbc")
             .option("url", self.db.jdbc_url)
@@ -104,7 +107,8 @@ class Extractor:
                 .option("numPartitions", self.partitions)
             )
         frame = reader.load().cache()
-        frame.count()  # materialize now, so every table is read once, in this order
+        # Materialize now, so every table is read once, in this order.
+        self.rows[name] = frame.count()
         return frame
 
 
@@ -115,7 +119,8 @@ def extract(
     day: date,
     partitions: int,
     on_extracted: Callable[[str], None] | None = None,
-) -> dict[str, DataFrame]:
+) -> tuple[dict[str, DataFrame], dict[str, int]]:
+    """The extracted tables, and the rows read from each."""
     start, end = day_bounds(day)
     window = IN_WINDOW.format(start=start.isoformat(), end=end.isoformat())
     extractor = Extractor(spark, db, partitions)
@@ -132,11 +137,13 @@ def extract(
     ]
     frames: dict[str, DataFrame] = {}
     for name, sql, partition_on in plan:
-        frames[name] = extractor.read(sql, partition_on=partition_on)
+        frames[name] = extractor.read(name, sql, partition_on=partition_on)
         if on_extracted is not None:
             on_extracted(name)  # tests change the database here, between two reads
     frames["log"] = frames["log"].unionByName(frames.pop("log_of_window").drop("half_id"))
-    return frames
+    rows = extractor.rows
+    rows["log"] += rows.pop("log_of_window")
+    return frames, rows
 
 
 def reconcile(
@@ -153,8 +160,7 @@ def reconcile(
     """One whole run; returns the counts it stored on the run."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    frames = extract(spark, db, day=day, partitions=partitions, on_extracted=on_extracted)
-    rows = {name: frame.count() for name, frame in frames.items()}
+    frames, rows = extract(spark, db, day=day, partitions=partitions, on_extracted=on_extracted)
     timings["extract_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -185,23 +191,19 @@ def reconcile(
 
     started = time.perf_counter()
     findings = still_true(db.conninfo, candidates, max_pending_age=max_pending_age)
-    by_kind = {kind: sum(f["kind"] == kind for f in findings) for kind in transforms.KINDS}
+    timings["recheck_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    if output is not None:
+        write_parquet(spark, output / day.isoformat(), findings, summary)
+    timings["parquet_s"] = time.perf_counter() - started
     counts: dict[str, Any] = {
         "rows": rows,
         "candidates": len(candidates),
         "findings": len(findings),
-        "by_kind": by_kind,
+        "by_kind": {kind: sum(f["kind"] == kind for f in findings) for kind in transforms.KINDS},
+        "timings": timings,  # the final insert itself is not in them: it stores them
     }
     load(db, run_id=run_id, findings=findings, summary=summary, counts=counts)
-    if output is not None:
-        write_parquet(spark, output / day.isoformat(), findings, summary)
-    timings["load_s"] = time.perf_counter() - started
-    counts["timings"] = timings
-    with psycopg.connect(db.conninfo) as connection:
-        connection.execute(
-            "UPDATE broker_reconciliationrun SET counts = %s WHERE id = %s",
-            [json.dumps(counts), run_id],
-        )
     for frame in frames.values():
         frame.unpersist()
     return counts

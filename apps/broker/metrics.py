@@ -18,6 +18,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from apps.broker.selectors import consumer_lag
+
 # Instruments live in their own registry: in single-process mode (tests, `manage.py shell`) the
 # scrape reads it directly; in multiprocess mode their values are read back from the files.
 EVENTS = CollectorRegistry(auto_describe=True)
@@ -70,21 +72,6 @@ DELAYED_SQL = """
 SELECT t.name, count(*) FROM broker_delayedmessage d JOIN broker_topic t ON t.id = d.topic_id
 GROUP BY t.name
 """
-LAG_SQL = """
-SELECT g.name, t.name, sum(GREATEST(q.next_offset - c.next_offset, 0))
-FROM broker_consumercursor c
-JOIN broker_consumergroup g ON g.id = c.group_id
-JOIN broker_topic t ON t.id = c.topic_id
-JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
-GROUP BY g.name, t.name
-"""
-DELIVERIES_SQL = """
-SELECT g.name, t.name, d.state, count(*)
-FROM broker_delivery d
-JOIN broker_consumergroup g ON g.id = d.group_id
-JOIN broker_topic t ON t.id = d.topic_id
-WHERE d.state IN ('INFLIGHT', 'DLQ') GROUP BY g.name, t.name, d.state
-"""
 
 
 class DatabaseCollector(Collector):
@@ -121,14 +108,11 @@ class DatabaseCollector(Collector):
             cursor.execute(DELAYED_SQL)
             for topic, count in cursor.fetchall():
                 delayed.add_metric([topic], count)
-            cursor.execute(DELIVERIES_SQL)
-            counts = {(g, t, s): n for g, t, s, n in cursor.fetchall()}
-            cursor.execute(LAG_SQL)
-            for group, topic, ready in cursor.fetchall():
-                flying = counts.get((group, topic, "INFLIGHT"), 0)
-                lag.add_metric([group, topic], int(ready) + flying)
-                in_flight.add_metric([group, topic], flying)
-                dlq.add_metric([group, topic], counts.get((group, topic, "DLQ"), 0))
+        for row in consumer_lag():
+            labels = [row["group"], row["topic"]]
+            lag.add_metric(labels, row["lag"])
+            in_flight.add_metric(labels, row["in_flight"])
+            dlq.add_metric(labels, row["dlq"])
         yield from (transactions, oldest, delayed, lag, in_flight, dlq)
 
 

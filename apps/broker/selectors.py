@@ -36,10 +36,17 @@ def topic_get(*, name: str) -> Topic:
 
 
 def topic_queue_offsets(*, topic: Topic) -> list[dict[str, int]]:
-    return [
-        {"queue_id": q.queue_id, "min_offset": 0, "max_offset": q.next_offset}
-        for q in MessageQueue.objects.filter(topic=topic).order_by("queue_id")
-    ]
+    return topics_queue_offsets(topics=[topic])[topic.pk]
+
+
+def topics_queue_offsets(*, topics: Collection[Topic]) -> dict[int, list[dict[str, int]]]:
+    """Per topic id, its queues' offsets; one query however many topics."""
+    offsets: dict[int, list[dict[str, int]]] = {topic.pk: [] for topic in topics}
+    for q in MessageQueue.objects.filter(topic__in=topics).order_by("topic_id", "queue_id"):
+        offsets[q.topic_id].append(
+            {"queue_id": q.queue_id, "min_offset": 0, "max_offset": q.next_offset}
+        )
+    return offsets
 
 
 def producer_group_get(*, name: str) -> ProducerGroup:
@@ -221,7 +228,7 @@ def console_overview() -> dict[str, Any]:
         "dlq": Delivery.objects.filter(state=DeliveryState.DLQ).count(),
         "checkback_success": _checkback_success_since(hour_ago),
         "reconciliation": reconciliation_latest(),
-        "consumer_lag": _consumer_lag_total(),
+        "consumer_lag": sum(row["lag"] for row in consumer_lag()),
     }
 
 
@@ -236,18 +243,41 @@ def _checkback_success_since(since: Any) -> dict[str, Any]:
 
 
 CONSUMER_LAG_SQL = """
-SELECT COALESCE(sum(GREATEST(q.next_offset - c.next_offset, 0)), 0)
-    + (SELECT count(*) FROM broker_delivery WHERE state = 'INFLIGHT')
-FROM broker_consumercursor c
-JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
+SELECT g.name, t.name, COALESCE(r.ready, 0), COALESCE(d.in_flight, 0), COALESCE(d.dlq, 0)
+FROM (
+    SELECT c.group_id, c.topic_id, sum(GREATEST(q.next_offset - c.next_offset, 0)) AS ready
+    FROM broker_consumercursor c
+    JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
+    GROUP BY c.group_id, c.topic_id
+) r
+FULL JOIN (
+    SELECT group_id, topic_id, count(*) FILTER (WHERE state = 'INFLIGHT') AS in_flight,
+        count(*) FILTER (WHERE state = 'DLQ') AS dlq
+    FROM broker_delivery WHERE state IN ('INFLIGHT', 'DLQ') GROUP BY group_id, topic_id
+) d USING (group_id, topic_id)
+JOIN broker_consumergroup g ON g.id = group_id
+JOIN broker_topic t ON t.id = topic_id
+ORDER BY g.name, t.name
 """
 
 
-def _consumer_lag_total() -> int:
-    """Over all groups: committed but not yet received, plus received and not acked."""
+def consumer_lag() -> list[dict[str, Any]]:
+    """Per consumer group and topic: ready (committed, not yet received), in flight (received,
+    not acked), lag = ready + in flight, and DLQ size. One query for every group: the console's
+    overview and group list and the /metrics gauges all read this."""
     with connection.cursor() as cursor:
         cursor.execute(CONSUMER_LAG_SQL)
-        return int(cursor.fetchone()[0])
+        return [
+            {
+                "group": group,
+                "topic": topic,
+                "ready": int(ready),
+                "in_flight": in_flight,
+                "lag": int(ready) + in_flight,
+                "dlq": dlq,
+            }
+            for group, topic, ready, in_flight, dlq in cursor.fetchall()
+        ]
 
 
 RESOLUTIONS_PER_MINUTE_SQL = """

@@ -40,16 +40,23 @@ def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
     return wrapped
 
 
-def _apply(request: HttpRequest, form: Form, write: Callable[[], str]) -> bool:
-    """Runs a registry write for a valid form; service refusals become form errors."""
-    if not form.is_valid():
-        return False
-    try:
-        messages.success(request, write())
-    except BrokerError as error:
-        form.add_error(None, error.message)
-        return False
-    return True
+def _form_post(
+    request: HttpRequest,
+    form: Form,
+    write: Callable[[dict[str, Any]], str],
+    *,
+    done: HttpResponse,
+    title: str,
+) -> HttpResponse:
+    """One registry write from a posted form: on success a message and `done`; otherwise the form
+    again with its errors, service refusals (a name taken, a check URL refused) among them."""
+    if form.is_valid():
+        try:
+            messages.success(request, write(form.cleaned_data))
+            return done
+        except BrokerError as error:
+            form.add_error(None, error.message)
+    return render(request, "console/form_page.html", {"form": form, "title": title})
 
 
 # Topics ------------------------------------------------------------------------------------------
@@ -57,10 +64,9 @@ def _apply(request: HttpRequest, form: Form, write: Callable[[], str]) -> bool:
 
 @viewer_required
 def topic_list(request: HttpRequest) -> HttpResponse:
-    topics = [
-        {"topic": topic, "queues": selectors.topic_queue_offsets(topic=topic)}
-        for topic in Topic.objects.order_by("name")
-    ]
+    ordered = list(Topic.objects.order_by("name"))
+    offsets = selectors.topics_queue_offsets(topics=ordered)
+    topics = [{"topic": topic, "queues": offsets[topic.pk]} for topic in ordered]
     return render(
         request,
         "console/topics.html",
@@ -71,15 +77,13 @@ def topic_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 @operator_required
 def topic_create(request: HttpRequest) -> HttpResponse:
-    form = TopicForm(request.POST)
-
-    def write() -> str:
-        topic = registry.topic_create(**form.cleaned_data)
+    def write(data: dict[str, Any]) -> str:
+        topic = registry.topic_create(**data)
         return f"Topic {topic.name} created with {topic.queues} queues."
 
-    if _apply(request, form, write):
-        return redirect("console:topics")
-    return render(request, "console/form_page.html", {"form": form, "title": "New topic"})
+    return _form_post(
+        request, TopicForm(request.POST), write, done=redirect("console:topics"), title="New topic"
+    )
 
 
 # Producer groups ---------------------------------------------------------------------------------
@@ -106,30 +110,34 @@ def _show_secret_once(request: HttpRequest, group: ProducerGroup, what: str) -> 
 @require_POST
 @operator_required
 def producer_group_create(request: HttpRequest) -> HttpResponse:
-    form = ProducerGroupForm(request.POST)
-
-    def write() -> str:
-        group = registry.producer_group_create(**form.cleaned_data)
+    def write(data: dict[str, Any]) -> str:
+        group = registry.producer_group_create(**data)
         _show_secret_once(request, group, "The")
         return f"Producer group {group.name} created. Copy its signing secret now."
 
-    if _apply(request, form, write):
-        return redirect("console:producer-groups")
-    return render(request, "console/form_page.html", {"form": form, "title": "New producer group"})
+    return _form_post(
+        request,
+        ProducerGroupForm(request.POST),
+        write,
+        done=redirect("console:producer-groups"),
+        title="New producer group",
+    )
 
 
 @require_POST
 @operator_required
 def producer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
-    form = CheckUrlForm(request.POST)
-
-    def write() -> str:
-        registry.producer_group_update(name=name, check_url=form.cleaned_data["check_url"])
+    def write(data: dict[str, Any]) -> str:
+        registry.producer_group_update(name=name, **data)
         return f"Check URL of {name} changed."
 
-    if _apply(request, form, write):
-        return redirect("console:producer-groups")
-    return render(request, "console/form_page.html", {"form": form, "title": f"Edit {name}"})
+    return _form_post(
+        request,
+        CheckUrlForm(request.POST),
+        write,
+        done=redirect("console:producer-groups"),
+        title=f"Edit {name}",
+    )
 
 
 @require_POST
@@ -164,11 +172,17 @@ def producer_group_test(request: HttpRequest, name: str) -> HttpResponse:
 
 @viewer_required
 def consumer_group_list(request: HttpRequest) -> HttpResponse:
-    groups = []
-    for group in ConsumerGroup.objects.order_by("name"):
-        status = selectors.consumer_group_status(group=group)
-        totals = {key: sum(row[key] for row in status) for key in ("lag", "in_flight", "dlq")}
-        groups.append({"group": group, **totals})
+    lag_rows = selectors.consumer_lag()
+    groups = [
+        {
+            "group": group,
+            **{
+                key: sum(row[key] for row in lag_rows if row["group"] == group.name)
+                for key in ("lag", "in_flight", "dlq")
+            },
+        }
+        for group in ConsumerGroup.objects.order_by("name")
+    ]
     return render(
         request,
         "console/consumer_groups.html",
@@ -200,29 +214,33 @@ def consumer_group_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @operator_required
 def consumer_group_create(request: HttpRequest) -> HttpResponse:
-    form = ConsumerGroupForm(request.POST)
-
-    def write() -> str:
-        group = registry.consumer_group_create(**form.cleaned_data)
+    def write(data: dict[str, Any]) -> str:
+        group = registry.consumer_group_create(**data)
         return f"Consumer group {group.name} created."
 
-    if _apply(request, form, write):
-        return redirect("console:consumer-groups")
-    return render(request, "console/form_page.html", {"form": form, "title": "New consumer group"})
+    return _form_post(
+        request,
+        ConsumerGroupForm(request.POST),
+        write,
+        done=redirect("console:consumer-groups"),
+        title="New consumer group",
+    )
 
 
 @require_POST
 @operator_required
 def consumer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
-    form = ConsumerGroupEditForm(request.POST)
+    def write(data: dict[str, Any]) -> str:
+        group = registry.consumer_group_update(name=name, **data)
+        return f"{name} now allows {group.max_delivery_attempts} attempts."
 
-    def write() -> str:
-        registry.consumer_group_update(name=name, **form.cleaned_data)
-        return f"{name} now allows {form.cleaned_data['max_delivery_attempts']} attempts."
-
-    if _apply(request, form, write):
-        return redirect("console:consumer-group", name=name)
-    return render(request, "console/form_page.html", {"form": form, "title": f"Edit {name}"})
+    return _form_post(
+        request,
+        ConsumerGroupEditForm(request.POST),
+        write,
+        done=redirect("console:consumer-group", name=name),
+        title=f"Edit {name}",
+    )
 
 
 @require_POST
@@ -256,16 +274,14 @@ def token_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 @operator_required
 def token_create(request: HttpRequest) -> HttpResponse:
-    form = TokenForm(request.POST)
-
-    def write() -> str:
-        token, raw = registry.token_create(**form.cleaned_data)
+    def write(data: dict[str, Any]) -> str:
+        token, raw = registry.token_create(**data)
         messages.info(request, f"Token {token.name}: {raw}")
         return "Token created. Copy it now: it is not shown again."
 
-    if _apply(request, form, write):
-        return redirect("console:tokens")
-    return render(request, "console/form_page.html", {"form": form, "title": "New token"})
+    return _form_post(
+        request, TokenForm(request.POST), write, done=redirect("console:tokens"), title="New token"
+    )
 
 
 @require_POST

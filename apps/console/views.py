@@ -177,15 +177,12 @@ def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
         return render(
             request, "console/confirm_bulk.html", {"ids": ids, "action": action, "form": form}
         )
-    results = [
-        operator.operator_act(
-            transaction_id=transaction_id,
-            action=action,
-            username=request.user.get_username(),
-            reason=form.cleaned_data["reason"],
-        )
-        for transaction_id in ids
-    ]
+    results = operator.operator_act_many(
+        transaction_ids=ids,
+        action=action,
+        username=request.user.get_username(),
+        reason=form.cleaned_data["reason"],
+    )
     done = sum(result.ok for result in results)
     messages.success(request, f"{done} of {len(ids)} transactions: {action} done.")
     for transaction_id, result in zip(ids, results, strict=True):

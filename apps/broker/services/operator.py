@@ -42,6 +42,17 @@ def operator_act(
     return ActionResult(True, f"{state.replace('_', ' ').capitalize()} by {username}.")
 
 
+def operator_act_many(
+    *, transaction_ids: list[uuid.UUID], action: str, username: str, reason: str
+) -> list[ActionResult]:
+    """The console's bulk action: each transaction decided on its own (its own row lock and
+    database transaction), so one resolved meanwhile is reported and the rest still go ahead."""
+    return [
+        operator_act(transaction_id=transaction_id, action=action, username=username, reason=reason)
+        for transaction_id in transaction_ids
+    ]
+
+
 RESOLVERS = {
     "commit": transactions.transaction_commit,
     "rollback": transactions.transaction_rollback,

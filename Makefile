@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench setup down clean schema
+.PHONY: run test lint bench chaos setup down clean schema
 
 setup:
 	scripts/services.sh up
@@ -21,6 +21,10 @@ lint: setup
 
 bench:
 	$(PY) bench/produce_consume.py
+
+# Every fault case of the history checker, full length, on a Postgres/Redis/web/Celery of its own.
+chaos: setup
+	$(PY) -m tests.chaos.run $(CASES)
 
 down:
 	scripts/services.sh down

@@ -132,9 +132,9 @@ def start_gunicorn(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
             return process
-        except requests.ConnectionError:
+        except requests.RequestException:  # refused, or too busy starting to answer in time
             time.sleep(0.1)
     process.kill()
     raise RuntimeError("gunicorn did not start")

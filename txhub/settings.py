@@ -210,6 +210,8 @@ TXHUB_DELIVERY_SCAN_SPAN = env_float("TXHUB_DELIVERY_SCAN_SPAN", 0.95 * TXHUB_SC
 TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0.0/8,::1/128")
 # A rotated-out signing secret keeps signing (beside the new one) this long.
 TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600)
+# A retry with the same Idempotency-Key within this many seconds answers the first answer.
+TXHUB_IDEMPOTENCY_TTL = env_float("TXHUB_IDEMPOTENCY_TTL", 24 * 3600)
 # Resolved transactions, their op records and delivered commit-log rows older than this go.
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
 # The nightly reconciliation (spark_jobs/reconcile.py), launched with spark-submit.

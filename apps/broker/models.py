@@ -371,3 +371,26 @@ class ReconciliationFinding(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.transaction_id}"
+
+
+class IdempotencyKey(models.Model):
+    """The first answer to a request sent with an `Idempotency-Key` (Stripe's convention): a retry
+    with the same key and the same request within TXHUB_IDEMPOTENCY_TTL answers it again and
+    stores nothing. Written in the same database transaction as what the request stored."""
+
+    producer_group = models.ForeignKey(ProducerGroup, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    # sha256 of the method, the path and the request's JSON: "the same request".
+    fingerprint = models.CharField(max_length=64)
+    status = models.PositiveSmallIntegerField()
+    response = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["producer_group", "key"], name="idempotency_key_unique")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.producer_group_id}:{self.key}"

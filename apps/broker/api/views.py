@@ -5,6 +5,7 @@ Order of checks everywhere: 401 (no token) -> 400 (bad input) -> 403 (scope for 
 """
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
@@ -20,7 +21,14 @@ from apps.broker.api import output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Resolver, Topic
-from apps.broker.services import consuming, delivery, registry, sending, transactions
+from apps.broker.services import (
+    consuming,
+    delivery,
+    idempotency,
+    registry,
+    sending,
+    transactions,
+)
 from apps.broker.services.transactions import Actor
 
 ERRORS = {
@@ -43,6 +51,32 @@ def token_user(request: Request) -> TokenUser:
 
 def producer_actor(request: Request) -> Actor:
     return Actor(Resolver.PRODUCER, token_user(request).name)
+
+
+def stored_once(
+    request: Request,
+    group: ProducerGroup,
+    store: Callable[[], dict[str, Any]],
+    *,
+    failpoint: str,
+) -> Response:
+    """201 with what `store` stored; with an Idempotency-Key, at most once per key (a retry
+    answers the first answer, marked `Idempotent-Replayed: true`)."""
+    raw_key = request.headers.get(idempotency.HEADER)
+    if raw_key is None:
+        return Response(store(), status=status.HTTP_201_CREATED)
+    answer = idempotency.answer_once(
+        group=group,
+        key=idempotency.key_check(raw_key),
+        fingerprint=idempotency.fingerprint_of(
+            method=request.method or "POST", path=request.path, data=request.data
+        ),
+        status=status.HTTP_201_CREATED,
+        run=store,
+        failpoint=failpoint,
+    )
+    headers = {"Idempotent-Replayed": "true"} if answer.replayed else None
+    return Response(answer.body, status=status.HTTP_201_CREATED, headers=headers)
 
 
 class Pagination(PageNumberPagination):
@@ -191,9 +225,15 @@ class TopicMessagesView(APIView):
             start=timezone.now(),
         )
         topic_row = selectors.topic_get(name=topic)
-        selectors.producer_group_get(name=data["producer_group"])
-        sent = sending.message_send(topic=topic_row, message=data["message"], deliver_at=deliver_at)
-        return Response(output.SendOut(sent).data, status=status.HTTP_201_CREATED)
+        group = selectors.producer_group_get(name=data["producer_group"])
+
+        def send() -> dict[str, Any]:
+            sent = sending.message_send(
+                topic=topic_row, message=data["message"], deliver_at=deliver_at
+            )
+            return dict(output.SendOut(sent).data)
+
+        return stored_once(request, group, send, failpoint="after_send_before_answer")
 
 
 class TransactionListView(APIView):
@@ -209,16 +249,20 @@ class TransactionListView(APIView):
         )
         topic = selectors.topic_get(name=data["topic"])
         group = selectors.producer_group_get(name=data["producer_group"])
-        half = transactions.transaction_prepare(
-            producer_group=group,
-            topic=topic,
-            message=data["message"],
-            actor=producer_actor(request),
-            check_immunity_seconds=data.get("check_immunity_seconds"),
-            delay_level=data.get("delay_level"),
-            deliver_at=data.get("deliver_at"),
-        )
-        return Response(output.PreparedOut(half).data, status=status.HTTP_201_CREATED)
+
+        def prepare() -> dict[str, Any]:
+            half = transactions.transaction_prepare(
+                producer_group=group,
+                topic=topic,
+                message=data["message"],
+                actor=producer_actor(request),
+                check_immunity_seconds=data.get("check_immunity_seconds"),
+                delay_level=data.get("delay_level"),
+                deliver_at=data.get("deliver_at"),
+            )
+            return dict(output.PreparedOut(half).data)
+
+        return stored_once(request, group, prepare, failpoint="after_half_insert")
 
     @extend_schema(
         parameters=[inputs.TransactionListIn],

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.broker import failpoints
 from apps.broker.models import (
     CommitLogEntry,
     ConsumeFrom,
@@ -229,6 +230,8 @@ def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[li
                 ],
             )
             acked_pairs = {(row[0], row[1]) for row in cursor.fetchall()}
+        if failpoints.ARMED:
+            failpoints.hit_after_commit("after_ack_before_answer")
     acked = [h for h, p in parsed.items() if p in acked_pairs]
     acked_set = set(acked)
     return acked, [h for h in receipt_handles if h not in acked_set]

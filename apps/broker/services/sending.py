@@ -8,6 +8,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.broker import failpoints
 from apps.broker.models import CommitLogEntry, MessageFields, Topic, new_msg_id
 
 
@@ -122,6 +123,12 @@ def message_send(
                 deliver_at=deliver_at,
                 born_at=now,
             )
-            return Sent(msg_id, topic, queue_id, None, deliver_at)
-        entry = commit_log_append(topic=topic, queue_id=queue_id, msg_id=msg_id, message=message)
-        return Sent(msg_id, topic, queue_id, entry.queue_offset, entry.stored_at)
+            sent = Sent(msg_id, topic, queue_id, None, deliver_at)
+        else:
+            entry = commit_log_append(
+                topic=topic, queue_id=queue_id, msg_id=msg_id, message=message
+            )
+            sent = Sent(msg_id, topic, queue_id, entry.queue_offset, entry.stored_at)
+    if failpoints.ARMED:
+        failpoints.hit_after_commit("after_send_before_answer")
+    return sent

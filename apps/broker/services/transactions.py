@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.broker import limits
+from apps.broker import failpoints, limits
 from apps.broker.metrics import count_resolution
 from apps.broker.models import (
     UNRESOLVED_STATES,
@@ -83,6 +83,8 @@ def transaction_prepare(
             deliver_at=deliver_at,
         )
         _record(half, OpKind.PREPARE, actor, at=now)
+    if failpoints.ARMED:
+        failpoints.hit_after_commit("after_half_insert")
     return half
 
 
@@ -94,9 +96,12 @@ def transaction_commit(
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
 ) -> Resolution:
-    return _resolve(
+    resolution = _resolve(
         transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
     )
+    if failpoints.ARMED:
+        failpoints.hit_after_commit("after_commit_before_answer")
+    return resolution
 
 
 def transaction_rollback(

@@ -1,0 +1,81 @@
+"""Failpoints: named sites where a test can make txhub crash or stall exactly inside a window
+(after the half message is durable but before the producer hears so, say).
+
+Armed by the environment, read once at import:
+
+    TXHUB_FAILPOINTS="after_half_insert=exit;after_commit_before_answer=25%sleep(2)"
+
+An action is `exit` (the process ends at once, like kill -9: no response, no cleanup),
+`sleep(S)`, or `raise` (an exception, the request fails with a 500); an optional `P%` prefix
+fires it on that share of hits. Unset, every site is `if ARMED:` on a module constant that is
+False: nothing else runs on the hot path (docs/decisions/0014).
+"""
+
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+
+SITES = frozenset(
+    {
+        "after_half_insert",
+        "after_send_before_answer",
+        "after_commit_before_answer",
+        "after_ack_before_answer",
+        "after_check_answer_before_write",
+    }
+)
+_ACTION = re.compile(
+    r"(?:(?P<percent>\d{1,3}(?:\.\d+)?)%)?(?P<kind>exit|raise|sleep\((?P<s>[\d.]+)\))"
+)
+
+
+class FailpointError(RuntimeError):
+    """Raised by a `raise` failpoint."""
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # exit | raise | sleep
+    probability: float
+    seconds: float = 0.0
+
+
+def parse(spec: str) -> dict[str, Action]:
+    armed: dict[str, Action] = {}
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        name, _, action = item.partition("=")
+        match = _ACTION.fullmatch(action.strip())
+        if name.strip() not in SITES or match is None:
+            raise ValueError(f"TXHUB_FAILPOINTS: cannot arm {item!r} (sites: {sorted(SITES)})")
+        kind = match["kind"].split("(")[0]
+        percent = float(match["percent"]) if match["percent"] else 100.0
+        armed[name.strip()] = Action(kind, percent / 100, float(match["s"] or 0))
+    return armed
+
+
+_ARMED = parse(os.environ.get("TXHUB_FAILPOINTS", ""))
+ARMED = bool(_ARMED)
+
+
+def hit_after_commit(name: str) -> None:
+    """A site that must fire only once the caller's work is committed: inside an outer
+    transaction (a check-back applying an answer, say) nothing is durable yet, so it does not."""
+    from django.db import connection
+
+    if not connection.in_atomic_block:
+        hit(name)
+
+
+def hit(name: str) -> None:
+    """Call as `if failpoints.ARMED: failpoints.hit("site")`."""
+    action = _ARMED.get(name)
+    if action is None or random.random() >= action.probability:  # noqa: S311 - not crypto
+        return
+    if action.kind == "exit":
+        os._exit(137)  # like SIGKILL: no finally blocks, no response, no flush
+    if action.kind == "sleep":
+        time.sleep(action.seconds)
+        return
+    raise FailpointError(f"failpoint {name}")

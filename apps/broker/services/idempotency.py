@@ -1,0 +1,107 @@
+"""Idempotent retries (Stripe's `Idempotency-Key`): a producer whose send or prepare timed out
+cannot know whether it was stored; retrying with the same key answers the first answer and stores
+nothing. The key's row is written in the same database transaction as the message, so "stored"
+and "remembered" cannot part (docs/decisions/0015)."""
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from apps.broker import failpoints
+from apps.broker.models import IdempotencyKey, ProducerGroup
+from apps.broker.services.errors import Conflict, invalid
+
+HEADER = "Idempotency-Key"
+KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII without spaces, like Stripe's
+
+INSERT_SQL = """
+INSERT INTO broker_idempotencykey
+    (producer_group_id, key, fingerprint, status, response, created_at)
+VALUES (%s, %s, %s, 0, 'null', %s)
+ON CONFLICT ON CONSTRAINT idempotency_key_unique DO NOTHING
+RETURNING id
+"""
+
+
+@dataclass(frozen=True)
+class Answer:
+    body: dict[str, Any]
+    replayed: bool  # True: the first request's answer, nothing stored now
+
+
+def key_check(value: str) -> str:
+    if not KEY_RE.fullmatch(value):
+        raise invalid(HEADER, f"{HEADER} is 1 to 255 printable ASCII characters, no spaces.")
+    return value
+
+
+def fingerprint_of(*, method: str, path: str, data: Any) -> str:
+    """The same request: the same method, path and JSON (key order and spacing do not count)."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(f"{method} {path}\n{canonical}".encode()).hexdigest()
+
+
+def answer_once(
+    *,
+    group: ProducerGroup,
+    key: str,
+    fingerprint: str,
+    status: int,
+    run: Callable[[], dict[str, Any]],
+    failpoint: str,
+) -> Answer:
+    """Runs `run` (which stores something and returns the answer's body) at most once per key
+    and producer group within TXHUB_IDEMPOTENCY_TTL. Errors raised by `run` store nothing, the
+    key included, so a retry after an error runs again."""
+    now = timezone.now()
+    with transaction.atomic():
+        # Lock: the unique index on (group, key). A retry racing the first request waits in this
+        # INSERT until the first one commits, then finds its row and answers it: never two stores.
+        with connection.cursor() as cursor:
+            cursor.execute(INSERT_SQL, [group.pk, key, fingerprint, now])
+            inserted = cursor.fetchone()
+        if inserted is None:
+            # Lock: the row, so an expired key is taken over by one request only.
+            existing = IdempotencyKey.objects.select_for_update().get(producer_group=group, key=key)
+            fresh = now - existing.created_at < timedelta(seconds=settings.TXHUB_IDEMPOTENCY_TTL)
+            if fresh:
+                if existing.fingerprint != fingerprint:
+                    raise Conflict(
+                        f"This {HEADER} was used for a different request in the last "
+                        f"{settings.TXHUB_IDEMPOTENCY_TTL / 3600:g} h; use a new key.",
+                        idempotency_key=key,
+                    )
+                return Answer(dict(existing.response), replayed=True)
+            key_id = existing.pk
+        else:
+            key_id = inserted[0]
+        body = run()
+        IdempotencyKey.objects.filter(pk=key_id).update(
+            fingerprint=fingerprint, status=status, response=body, created_at=now
+        )
+    if failpoints.ARMED:
+        failpoints.hit_after_commit(failpoint)
+    return Answer(body, replayed=False)
+
+
+def idempotency_sweep(*, batch: int = 5000) -> int:
+    """Forgets keys older than TXHUB_IDEMPOTENCY_TTL, in batches."""
+    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_IDEMPOTENCY_TTL)
+    deleted = 0
+    while True:
+        ids = list(
+            IdempotencyKey.objects.filter(created_at__lt=cutoff).values_list("id", flat=True)[
+                :batch
+            ]
+        )
+        if not ids:
+            return deleted
+        deleted += IdempotencyKey.objects.filter(id__in=ids).delete()[0]

@@ -1,0 +1,291 @@
+"""A txhub of its own for fault injection: a Postgres cluster and a Redis server in a temporary
+directory on free ports (never the ones `make run` uses), gunicorn, Celery workers and beat started
+the way scripts/run.sh starts them, and handles to crash, pause and restart each part."""
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PG_OS_USER = os.environ.get("TXHUB_PG_OS_USER", "txhub-pg")  # Postgres refuses to run as root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pg_bin() -> Path:
+    return sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))[-1]
+
+
+def _as_pg_user(command: list[str]) -> list[str]:
+    return ["runuser", "-u", PG_OS_USER, "--", *command] if os.geteuid() == 0 else command
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:  # noqa: BLE001, S110 - "not up yet" looks like any error
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not come up within {timeout:.0f} s")
+
+
+class Cluster:
+    """Everything txhub needs, private to one chaos run. `env` is what every txhub process gets."""
+
+    def __init__(self, *, settings: dict[str, str], web_workers: int = 2) -> None:
+        # /var/tmp, not /tmp under a private root: the unprivileged Postgres user must reach it.
+        self.dir = Path(tempfile.mkdtemp(prefix="txhub-chaos-", dir="/var/tmp"))
+        os.chmod(self.dir, 0o755)  # noqa: S103 - readable by the Postgres user; no secrets
+        self.pg_port, self.redis_port, self.web_port = free_port(), free_port(), free_port()
+        self.web_workers = web_workers
+        self.database_url = f"postgres://txhub@127.0.0.1:{self.pg_port}/txhub"
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "TXHUB_PG_PORT": str(self.pg_port),
+            "TXHUB_REDIS_PORT": str(self.redis_port),
+            "PROMETHEUS_MULTIPROC_DIR": str(self.dir / "metrics"),
+            "TXHUB_RECONCILE_OUTPUT": str(self.dir / "reconciliation"),
+            **settings,
+        }
+        (self.dir / "metrics").mkdir()
+        self.logs = (self.dir / "logs").open("ab")
+        self.web: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.beat: subprocess.Popen[bytes] | None = None
+        self.token = ""  # an admin token, once the database exists
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    # Postgres -------------------------------------------------------------------------------
+
+    @property
+    def pg_data(self) -> Path:
+        return self.dir / "pg"
+
+    def pg_init(self) -> None:
+        self.pg_data.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.pg_data, PG_OS_USER)
+        os.chmod(self.pg_data, 0o700)
+        subprocess.run(
+            _as_pg_user(
+                [str(pg_bin() / "initdb"), "-D", str(self.pg_data), "-U", "txhub"]
+                + ["--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        with (self.pg_data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"listen_addresses = '127.0.0.1'\nport = {self.pg_port}\n"
+                "unix_socket_directories = ''\nmax_connections = 200\n"
+            )
+        self.pg_start()
+        subprocess.run(
+            [str(pg_bin() / "createdb"), "-h", "127.0.0.1", "-p", str(self.pg_port)]
+            + ["-U", "txhub", "txhub"],
+            check=True,
+        )
+        self.manage("migrate", "--noinput", "-v", "0")
+
+    def pg_start(self) -> None:
+        subprocess.run(
+            _as_pg_user(
+                [str(pg_bin() / "pg_ctl"), "-D", str(self.pg_data), "-l"]
+                + [str(self.pg_data / "server.log"), "-w", "-t", "60", "start"]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    def pg_stop(self, mode: str = "fast") -> None:
+        """mode="immediate" is a crash: no shutdown checkpoint, WAL replay on the next start."""
+        subprocess.run(
+            _as_pg_user([str(pg_bin() / "pg_ctl"), "-D", str(self.pg_data), "-m", mode, "-w"])
+            + ["stop"],
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            return list(conn.execute(query, params).fetchall())
+
+    # Redis ----------------------------------------------------------------------------------
+
+    def redis_start(self) -> None:
+        (self.dir / "redis").mkdir(exist_ok=True)
+        self.redis = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port)]
+            + ["--dir", str(self.dir / "redis"), "--appendonly", "yes", "--save", ""],
+            stdout=self.logs,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(lambda: self.redis_cli("ping") == "PONG", 20, "Redis")
+
+    def redis_cli(self, *args: str) -> str:
+        done = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.redis_port), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return done.stdout.strip()
+
+    def redis_kill_and_wipe(self) -> None:
+        """Redis dies without saving and comes back empty: every queued task is gone."""
+        self.redis.kill()
+        self.redis.wait()
+        shutil.rmtree(self.dir / "redis")
+
+    # txhub processes ------------------------------------------------------------------------
+
+    def manage(self, *args: str) -> str:
+        done = subprocess.run(
+            [str(BIN / "python"), "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
+    def _spawn(self, *command: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(command),
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.logs,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def web_start(self) -> None:
+        self.web = self._spawn(
+            str(BIN / "gunicorn"),
+            "txhub.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{self.web_port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            str(self.web_workers),
+            "--threads",
+            "8",
+            "--graceful-timeout",
+            "5",
+        )
+        wait_for(lambda: requests.get(self.base + "/healthz", timeout=1).ok, 30, "gunicorn")
+
+    def web_restart(self, **env: str) -> None:
+        """A new gunicorn with these variables added (a failpoint armed, say) or, with none, the
+        cluster's own environment again."""
+        assert self.web is not None
+        _killpg(self.web, signal.SIGTERM, wait=10)
+        saved = dict(self.env)
+        self.env.update(env)
+        try:
+            self.web_start()
+        finally:
+            self.env = saved
+
+    def web_worker_pids(self) -> list[int]:
+        assert self.web is not None
+        children = Path(f"/proc/{self.web.pid}/task/{self.web.pid}/children").read_text()
+        return [int(pid) for pid in children.split()]
+
+    def celery_start(self) -> None:
+        """The worker(s) and beat of scripts/run.sh, with this cluster's environment."""
+        for command in celery_commands(self.dir):
+            process = self._spawn(*command)
+            if "beat" in command:
+                self.beat = process
+            else:
+                self.workers.append(process)
+        wait_for(self._workers_answer, 60, "Celery workers")
+
+    def _workers_answer(self) -> bool:
+        done = subprocess.run(
+            [str(BIN / "celery"), "-A", "txhub", "inspect", "ping", "--timeout", "2"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return done.stdout.count("pong") >= len(self.workers)
+
+    def celery_kill(self) -> None:
+        """kill -9 of every worker (with its pool children) and of beat: a crash."""
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            _killpg(process, signal.SIGKILL)
+        self.workers, self.beat = [], None
+
+    def start(self) -> None:
+        self.pg_init()
+        self.redis_start()
+        self.web_start()
+        self.celery_start()
+
+    def stop(self) -> None:
+        for process in [*self.workers, *([self.beat] if self.beat else []), self.web]:
+            if process is not None:
+                _killpg(process, signal.SIGTERM, wait=10)
+        if getattr(self, "redis", None) is not None:
+            _killpg(self.redis, signal.SIGTERM, wait=10)
+        self.pg_stop()
+        self.logs.close()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def celery_commands(tmp: Path) -> list[list[str]]:
+    """As scripts/run.sh starts them (kept in step with it)."""
+    celery = str(BIN / "celery")
+    name = secrets.token_hex(3)
+    return [
+        [celery, "-A", "txhub", "worker", "--loglevel", "INFO", "--concurrency", "4"]
+        + ["-n", f"chaos-{name}@%h", "--without-mingle", "--without-gossip"],
+        [celery, "-A", "txhub", "beat", "--loglevel", "INFO"]
+        + ["--schedule", str(tmp / f"beat-{name}")],
+    ]
+
+
+def _killpg(process: subprocess.Popen[bytes], sig: int, wait: float = 10) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -1,0 +1,207 @@
+"""Runs chaos cases: one private cluster, then for each case a workload on a topic of its own,
+one fault injected (and healed) while it runs, drain, and the checker. Prints one line per case:
+
+    chaos: <fault> ops=... lost=0 unexpected=0 duplicated=0 skipped=0 conflicting=0 unavailable=Ns
+
+`python -m tests.chaos.run [--short] [F1 F6 ...]` (`make chaos` runs every case); exits non-zero
+on any violation. The reconciliation job runs at the end over everything and must find nothing.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.chaos.check import Report, check, deliveries, expectations
+from tests.chaos.cluster import Cluster
+from tests.chaos.history import History
+from tests.chaos.workload import CheckEndpoint, Workload
+
+# Each the production setting of the same name, made fast so a case fits in a minute.
+SETTINGS = {
+    "TXHUB_TRANSACTION_TIMEOUT": "1",
+    "TXHUB_CHECK_INTERVAL": "1",
+    "TXHUB_CHECK_MAX": "3",
+    "TXHUB_CHECK_HTTP_TIMEOUT": "2",
+    "TXHUB_SCAN_SECONDS": "0.5",
+    "TXHUB_EXPIRE_SCAN_SECONDS": "1",
+    "TXHUB_LOG_LEVEL": "WARNING",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    inject: Callable[[Cluster, float], None]  # injects the fault and heals it; `scale` shortens
+
+
+def no_fault(cluster: Cluster, scale: float) -> None:
+    time.sleep(10 * scale)
+
+
+def kill_celery(cluster: Cluster, scale: float) -> None:
+    cluster.celery_kill()
+    time.sleep(20 * scale)
+    cluster.celery_start()
+
+
+def crash_postgres(cluster: Cluster, scale: float) -> None:
+    cluster.pg_stop("immediate")
+    time.sleep(5 * scale)
+    cluster.pg_start()
+
+
+def redis_lost(cluster: Cluster, scale: float) -> None:
+    cluster.redis_kill_and_wipe()
+    time.sleep(3 * scale)
+    cluster.redis_start()
+
+
+def redis_paused(cluster: Cluster, scale: float) -> None:
+    paused_ms = int(15000 * scale)
+    assert cluster.redis_cli("CLIENT", "PAUSE", str(paused_ms), "ALL") == "OK"
+    time.sleep(paused_ms / 1000 + 1)
+
+
+def web_worker_stopped(cluster: Cluster, scale: float) -> None:
+    victim = cluster.web_worker_pids()[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        time.sleep(20 * scale)
+    finally:
+        os.kill(victim, signal.SIGCONT)
+
+
+def web_failpoint(spec: str) -> Callable[[Cluster, float], None]:
+    """gunicorn restarted with TXHUB_FAILPOINTS armed: its workers die inside the window."""
+
+    def inject(cluster: Cluster, scale: float) -> None:
+        cluster.web_restart(TXHUB_FAILPOINTS=spec)
+        try:
+            time.sleep(15 * scale)
+        finally:
+            cluster.web_restart()
+
+    return inject
+
+
+CASES = {
+    case.name: case
+    for case in [
+        Case("F1", "none (baseline)", no_fault),
+        Case(
+            "F3",
+            "gunicorn workers killed after a commit, before its answer (10% of commits)",
+            web_failpoint("after_commit_before_answer=10%exit"),
+        ),
+        Case("F6", "kill -9 of every Celery worker and beat, restarted after 20 s", kill_celery),
+        Case("F7", "Postgres stopped -m immediate under load, restarted", crash_postgres),
+        Case("F8", "Redis killed without save and restarted empty", redis_lost),
+        Case("F9", "Redis paused 15 s (CLIENT PAUSE)", redis_paused),
+        Case("F13", "SIGSTOP of a gunicorn worker for 20 s, then SIGCONT", web_worker_stopped),
+    ]
+}
+SHORT = ["F1", "F3", "F8"]  # the cases `make test` runs, shortened
+
+
+def run_case(
+    cluster: Cluster, token: str, case: Case, *, scale: float, out: Path, seed: int
+) -> Report:
+    history = History()
+    workload = Workload(cluster.base, token, history, name=f"chaos-{case.name}", seed=seed)
+    endpoint = CheckEndpoint()
+    try:
+        workload.setup(endpoint.url)
+        workload.start(producers=4, consumers=2)
+        time.sleep(5 * scale)
+        started = time.monotonic()
+        case.inject(cluster, scale)
+        healed = time.monotonic()
+        time.sleep(5 * scale)
+        workload.stop_producers()
+        drained = _drain(cluster, workload, history, timeout=90)
+        workload.stop_consumers()
+    finally:
+        workload.producing.clear()
+        workload.consuming.clear()
+        endpoint.close()
+        history.dump(out / f"history-{case.name}.jsonl")
+    report = check(case.name, workload.topic, history, cluster.sql)
+    report.notes.append(f"fault {healed - started:.1f} s; drained: {drained}")
+    return report
+
+
+def _drain(cluster: Cluster, workload: Workload, history: History, *, timeout: float) -> bool:
+    """Until every commit-log row of the case's topic was received, nothing is PREPARED any
+    more, and what must arrive has arrived (or the timeout: then the checker reports why)."""
+    must, _ = expectations(history)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        received = deliveries(history)
+        positions = {(d.queue_id, d.queue_offset) for d in received}
+        [(logged, pending)] = cluster.sql(
+            "SELECT (SELECT count(*) FROM broker_commitlogentry l WHERE l.topic_id = t.id), "
+            "(SELECT count(*) FROM broker_halfmessage h WHERE h.topic_id = t.id "
+            "   AND h.state = 'PREPARED') FROM broker_topic t WHERE t.name = %s",
+            [workload.topic],
+        )
+        if not pending and len(positions) == logged and must <= {d.body for d in received}:
+            time.sleep(1)  # a last receive round: a duplicate would show now
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def reconcile(cluster: Cluster) -> tuple[bool, str]:
+    """The nightly job over today's traffic: it must agree with the checker (no findings)."""
+    day = datetime.now(UTC).date().isoformat()
+    try:
+        printed = cluster.manage("reconcile", "--date", day)
+    except Exception as error:  # noqa: BLE001 - reported as a failed check, with its output
+        return False, f"reconcile failed: {getattr(error, 'stderr', error)}"
+    return " 0 findings" in printed, printed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("cases", nargs="*", help="case names (default: all, or the short set)")
+    parser.add_argument("--short", action="store_true", help="shortened faults (make test)")
+    parser.add_argument("--no-reconcile", action="store_true")
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "9527")))
+    args = parser.parse_args(argv)
+    names = args.cases or (SHORT if args.short else list(CASES))
+    scale = 0.3 if args.short else 1.0
+    cluster = Cluster(settings=SETTINGS)
+    out = Path(__file__).resolve().parents[2] / "var" / "chaos"
+    out.mkdir(parents=True, exist_ok=True)
+    failed = False
+    try:
+        cluster.start()
+        token = cluster.manage("create_token", "chaos", "--scope", "admin").strip()
+        for name in names:
+            report = run_case(cluster, token, CASES[name], scale=scale, out=out, seed=args.seed)
+            print(report.line(), flush=True)
+            if not report.ok:
+                failed = True
+                print(report.details(), flush=True)
+        if not args.no_reconcile:
+            agreed, printed = reconcile(cluster)
+            print(f"chaos: reconciliation {'agrees (0 findings)' if agreed else 'DISAGREES'}")
+            if not agreed:
+                failed = True
+                print(printed[-3000:])
+    finally:
+        cluster.stop()
+        (out / "cluster.log").write_bytes((cluster.dir / "logs").read_bytes())
+        cluster.cleanup()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The chaos checker in `make test`: a private cluster (its own Postgres, Redis, gunicorn, Celery),
+the short cases, and positive controls proving the checker sees each kind of violation.
+`make chaos` runs every case at full length (tests/chaos/run.py)."""
+
+from collections import Counter
+from collections.abc import Iterator
+from copy import deepcopy
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.check import check, deliveries
+from tests.chaos.cluster import Cluster
+from tests.chaos.history import History
+from tests.chaos.run import CASES, SETTINGS, run_case
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    cluster = Cluster(settings=SETTINGS)
+    try:
+        cluster.start()
+        cluster.token = cluster.manage("create_token", "chaos", "--scope", "admin").strip()
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.cleanup()
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
+    out = tmp_path_factory.mktemp("chaos")
+    report = run_case(cluster, cluster.token, CASES["F1"], scale=0.3, out=out, seed=1)
+    print(report.line())
+    assert report.ok, report.details()
+    return "chaos-F1", _load(out / "history-F1.jsonl")
+
+
+def test_baseline_history_is_clean(baseline: tuple[str, History]) -> None:
+    _, history = baseline
+    kinds = {op.f for op in history.ops if op.type == "ok"}
+    assert kinds == {"send", "prepare", "commit", "rollback", "receive", "ack"}
+
+
+@pytest.mark.parametrize("name", ["F8"])
+def test_short_fault_case_finds_no_violation(
+    cluster: Cluster, name: str, tmp_path: Path, baseline: tuple[str, History]
+) -> None:
+    report = run_case(cluster, cluster.token, CASES[name], scale=0.3, out=tmp_path, seed=2)
+    print(report.line())
+    assert report.ok, report.details()
+    assert report.ops > 100
+
+
+# Positive controls: the same clean history, with one violation put in, is caught.
+
+
+def test_checker_sees_a_lost_message(cluster: Cluster, baseline: tuple[str, History]) -> None:
+    topic, history = baseline
+    broken = _copy(history)
+    seen = Counter(d.msg_id for d in deliveries(broken))
+    receive, lost = next(
+        (op, m)
+        for op in broken.ops
+        if op.f == "receive" and op.type == "ok"
+        for m in op.result["body"]["messages"]
+        if seen[m["msg_id"]] == 1 and "|SEND" in m["body"]
+    )
+    receive.result["body"]["messages"].remove(lost)
+    report = check("control", topic, broken, cluster.sql)
+    assert report.lost == [lost["body"]]
+    assert report.skipped == [
+        f"q{lost['queue_id']}: offsets never received [{lost['queue_offset']}]"
+    ]
+
+
+def test_checker_sees_a_duplicate_after_ack(
+    cluster: Cluster, baseline: tuple[str, History]
+) -> None:
+    topic, history = baseline
+    broken = _copy(history)
+    acked = next(op for op in broken.ops if op.f == "ack" and op.type == "ok")
+    handle = acked.result["body"]["acked"][0]
+    receive = next(
+        op
+        for op in broken.ops
+        if op.f == "receive"
+        and any(
+            m["receipt_handle"] == handle for m in op.result.get("body", {}).get("messages", [])
+        )
+    )
+    message = next(m for m in receive.result["body"]["messages"] if m["receipt_handle"] == handle)
+    later = replace(receive, index=len(broken.ops), invoked=acked.completed + 1)
+    later.result = {"status": 200, "body": {"messages": [{**message, "receipt_handle": "x.y"}]}}
+    broken.ops.append(later)
+    assert check("control", topic, broken, cluster.sql).duplicated == [message["msg_id"]]
+
+
+def test_checker_sees_a_rolled_back_message_delivered(
+    cluster: Cluster, baseline: tuple[str, History]
+) -> None:
+    topic, history = baseline
+    broken = _copy(history)
+    rolled_back = next(op for op in broken.ops if op.f == "rollback" and op.type == "ok")
+    receive = next(op for op in broken.ops if op.f == "receive" and op.type == "ok")
+    receive.result = deepcopy(receive.result)
+    receive.result["body"]["messages"].append(
+        {
+            "msg_id": "X",
+            "body": rolled_back.value["body"],
+            "queue_id": 0,
+            "queue_offset": 10**6,
+            "delivery_attempt": 1,
+            "receipt_handle": "1.x",
+        }
+    )
+    report = check("control", topic, broken, cluster.sql)
+    assert rolled_back.value["body"] in report.unexpected
+
+
+def test_checker_sees_a_second_final_op(cluster: Cluster, baseline: tuple[str, History]) -> None:
+    topic, history = baseline
+    [(half_id, transaction_id)] = cluster.sql(
+        "SELECT h.id, h.transaction_id::text FROM broker_halfmessage h JOIN broker_topic t "
+        "ON t.id = h.topic_id WHERE t.name = %s AND h.state = 'COMMITTED' LIMIT 1",
+        [topic],
+    )
+    cluster.sql(
+        "INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at) "
+        "VALUES (%s, 'ROLLBACK', 'OPERATOR', 'chaos', '', '{}', now()) RETURNING id",
+        [half_id],
+    )
+    try:
+        report = check("control", topic, history, cluster.sql)
+        assert any(transaction_id in item for item in report.conflicting)
+    finally:
+        cluster.sql(
+            "DELETE FROM broker_oprecord WHERE half_id = %s AND actor = 'chaos' RETURNING id",
+            [half_id],
+        )
+
+
+def _copy(history: History) -> History:
+    copied = History()
+    copied.ops = deepcopy(history.ops)
+    return copied
+
+
+def _load(path: Path) -> History:
+    import json
+
+    from tests.chaos.history import Op
+
+    history = History()
+    history.ops = [Op(**json.loads(line)) for line in path.read_text().splitlines()]
+    return history

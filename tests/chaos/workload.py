@@ -1,0 +1,224 @@
+"""The clients of a chaos run: producers that send and run transactions with unique bodies, the
+producer's check-back endpoint (it answers what the producer's local transaction decided), and
+consumers of one group that receive and ack. Each body says what should become of it:
+
+    "<process>-<seq>|SEND"              a plain send
+    "<process>-<seq>|COMMIT|producer"   prepared, then committed by the producer
+    "<process>-<seq>|ROLLBACK|producer" prepared, then rolled back by the producer
+    "<process>-<seq>|COMMIT|abandon"    prepared and left: check-back is answered COMMIT
+    "<process>-<seq>|ROLLBACK|abandon"  ... answered ROLLBACK
+    "<process>-<seq>|UNKNOWN|abandon"   ... answered UNKNOWN until txhub parks it
+"""
+
+import json
+import random
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import requests
+
+from tests.chaos.history import History, Op, call
+
+KINDS = [
+    ("SEND", None, 30),
+    ("COMMIT", "producer", 35),
+    ("ROLLBACK", "producer", 15),
+    ("COMMIT", "abandon", 8),
+    ("ROLLBACK", "abandon", 6),
+    ("UNKNOWN", "abandon", 6),
+]
+
+
+def intent_of(body: str) -> tuple[str, str | None]:
+    parts = body.split("|")
+    return parts[1], (parts[2] if len(parts) > 2 else None)
+
+
+class CheckEndpoint:
+    """The producer's check URL: answers the decision written in the transaction's body."""
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                check = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint.checks += 1
+                state = intent_of(check.get("body", "x|UNKNOWN"))[0]
+                answer = json.dumps({"state": state}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/check"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Workload:
+    def __init__(self, base: str, token: str, history: History, *, name: str, seed: int) -> None:
+        # Each fault gets a topic and groups of its own, so one cluster serves a whole run.
+        self.topic, self.producer, self.consumer = name, f"{name}-producer", f"{name}-consumer"
+        self.api = base + "/api/v1"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.history = history
+        self.seed = seed
+        self.producing = threading.Event()
+        self.consuming = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def setup(self, check_url: str, queues: int = 4) -> None:
+        for path, payload in [
+            ("/topics", {"name": self.topic, "queues": queues}),
+            ("/producer-groups", {"name": self.producer, "check_url": check_url}),
+            ("/consumer-groups", {"name": self.consumer, "max_delivery_attempts": 1000}),
+        ]:
+            response = requests.post(
+                self.api + path, json=payload, headers=self.headers, timeout=10
+            )
+            assert response.status_code == 201, response.text
+
+    # Threads --------------------------------------------------------------------------------
+
+    def start(self, producers: int, consumers: int) -> None:
+        self.producing.set()
+        self.consuming.set()
+        for n in range(producers):
+            self._thread(self._producer, f"p{n}")
+        for n in range(consumers):
+            self._thread(self._consumer, f"c{n}")
+
+    def _thread(self, target: Any, name: str) -> None:
+        def run() -> None:
+            try:
+                target(name)
+            except BaseException as error:  # kept and re-raised by join(): never swallowed
+                self.errors.append(error)
+                raise
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def stop_producers(self) -> None:
+        self.producing.clear()
+        for thread in self.threads:
+            if thread.name.startswith("p"):
+                thread.join(timeout=120)
+
+    def stop_consumers(self) -> None:
+        self.consuming.clear()
+        for thread in self.threads:
+            thread.join(timeout=60)
+        if self.errors:
+            raise RuntimeError(f"a client thread failed: {self.errors[0]!r}") from self.errors[0]
+
+    # Producers ------------------------------------------------------------------------------
+
+    def _producer(self, name: str) -> None:
+        rng = random.Random(f"{self.seed}-{name}")
+        session = requests.Session()
+        seq = 0
+        while self.producing.is_set():
+            seq += 1
+            intent, mode = rng.choices([k[:2] for k in KINDS], weights=[k[2] for k in KINDS])[0]
+            body = f"{name}-{seq}|{intent}" + (f"|{mode}" if mode else "")
+            if intent == "SEND":
+                self._post(session, name, "send", f"/topics/{self.topic}/messages", body)
+                continue
+            prepared = self._post(session, name, "prepare", "/transactions", body)
+            if prepared.type != "ok" or mode == "abandon":
+                continue
+            transaction_id = prepared.result["body"]["transaction_id"]
+            outcome = "commit" if intent == "COMMIT" else "rollback"
+            self._resolve(session, name, outcome, transaction_id, body)
+
+    def _post(self, session: requests.Session, name: str, f: str, path: str, body: str) -> Op:
+        payload: dict[str, Any] = {"producer_group": self.producer, "body": body}
+        if f == "prepare":
+            payload["topic"] = self.topic
+        return call(
+            session,
+            self.history,
+            name,
+            f,
+            self.api + path,
+            payload,
+            value={"body": body},
+            headers=self.headers,
+        )
+
+    def _resolve(
+        self, session: requests.Session, name: str, outcome: str, transaction_id: str, body: str
+    ) -> None:
+        """Retried while the outcome is unknown: a repeated resolution answers the first one."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            op = call(
+                session,
+                self.history,
+                name,
+                outcome,
+                f"{self.api}/transactions/{transaction_id}/{outcome}",
+                {},
+                value={"body": body, "transaction_id": transaction_id},
+                headers=self.headers,
+            )
+            if op.type == "ok" or (op.type == "fail" and op.result.get("status") != 429):
+                return
+            time.sleep(0.2)
+
+    # Consumers ------------------------------------------------------------------------------
+
+    def _consumer(self, name: str) -> None:
+        rng = random.Random(f"{self.seed}-{name}")
+        session = requests.Session()
+        while self.consuming.is_set():
+            op = call(
+                session,
+                self.history,
+                name,
+                "receive",
+                f"{self.api}/consumer-groups/{self.consumer}/receive",
+                {
+                    "topic": self.topic,
+                    "max_messages": 16,
+                    "invisible_seconds": 10,
+                    "wait_seconds": 1,
+                },
+                value={},
+                headers=self.headers,
+                timeout=10,
+            )
+            if op.type != "ok":
+                time.sleep(0.2)
+                continue
+            # Now and then a message is not acked: it must come back after its invisible time.
+            handles = [
+                m["receipt_handle"] for m in op.result["body"]["messages"] if rng.random() > 0.03
+            ]
+            if handles:
+                call(
+                    session,
+                    self.history,
+                    name,
+                    "ack",
+                    f"{self.api}/consumer-groups/{self.consumer}/ack",
+                    {"receipt_handles": handles},
+                    value={"receipt_handles": handles},
+                    headers=self.headers,
+                )

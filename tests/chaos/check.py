@@ -75,14 +75,18 @@ class Delivery:
 
 
 def expectations(history: History) -> tuple[set[str], set[str]]:
-    """(bodies that must be received, bodies that must never be)."""
-    must, must_not = set(), set()
+    """(bodies that must be received, bodies that must never be). A body may have been sent more
+    than once (retries with its Idempotency-Key): one ok attempt means stored; only attempts that
+    all failed mean never stored."""
+    outcomes: dict[str, set[str]] = defaultdict(set)
     for op in history.of("send", "prepare"):
-        body = op.value["body"]
+        outcomes[op.value["body"]].add(op.type)
+    must, must_not = set(), set()
+    for body, types in outcomes.items():
         intent, _ = intent_of(body)
-        if op.type == "fail" or intent in {"ROLLBACK", "UNKNOWN"}:
+        if types == {"fail"} or intent in {"ROLLBACK", "UNKNOWN"}:
             must_not.add(body)
-        elif op.type == "ok":
+        elif "ok" in types:
             must.add(body)  # a send answered ok, or a transaction whose outcome is COMMIT
     return must, must_not
 
@@ -215,6 +219,18 @@ def _conflicts(history: History, topic: str, sql: Any) -> list[str]:
         expected = {"COMMIT": "COMMITTED", "ROLLBACK": "ROLLED_BACK", "UNKNOWN": "PARKED"}[intent]
         if state != expected:
             found.append(f"{transaction_id} ({body}): {state}, the producer decided {intent}")
+    for body, count in sql(
+        "SELECT convert_from(h.body, 'UTF8'), count(*) FROM broker_halfmessage h "
+        "JOIN broker_topic t ON t.id = h.topic_id WHERE t.name = %s GROUP BY 1 HAVING count(*) > 1",
+        [topic],
+    ):
+        found.append(f"prepare {body} stored {count} times")
+    transaction_of_body = {row[2]: row[0] for row in rows}
+    for op in history.of("prepare"):
+        if op.type == "ok":
+            answered = op.result["body"]["transaction_id"]
+            if transaction_of_body.get(op.value["body"]) != answered:
+                found.append(f"prepare of {op.value['body']} answered {answered}, not stored")
     for op in history.of("commit", "rollback"):
         state = state_of_body.get(op.value["body"])
         if op.type == "ok" and state != final_state[op.f.upper()]:

@@ -77,6 +77,8 @@ def call(
     except requests.RequestException as error:
         return history.complete(op, "info", {"error": type(error).__name__})
     result: dict[str, Any] = {"status": response.status_code}
+    if response.headers.get("Idempotent-Replayed") == "true":
+        result["replayed"] = True
     try:
         result["body"] = response.json()
     except ValueError:

@@ -96,6 +96,11 @@ CASES = {
     for case in [
         Case("F1", "none (baseline)", no_fault),
         Case(
+            "F2",
+            "gunicorn workers killed after the half message (or send) is stored, before the answer",
+            web_failpoint("after_half_insert=10%exit;after_send_before_answer=10%exit"),
+        ),
+        Case(
             "F3",
             "gunicorn workers killed after a commit, before its answer (10% of commits)",
             web_failpoint("after_commit_before_answer=10%exit"),
@@ -107,7 +112,7 @@ CASES = {
         Case("F13", "SIGSTOP of a gunicorn worker for 20 s, then SIGCONT", web_worker_stopped),
     ]
 }
-SHORT = ["F1", "F3", "F8"]  # the cases `make test` runs, shortened
+SHORT = ["F1", "F2", "F3", "F8"]  # the cases `make test` runs, shortened
 
 
 def run_case(
@@ -133,7 +138,12 @@ def run_case(
         endpoint.close()
         history.dump(out / f"history-{case.name}.jsonl")
     report = check(case.name, workload.topic, history, cluster.sql)
-    report.notes.append(f"fault {healed - started:.1f} s; drained: {drained}")
+    unknown = sum(1 for op in history.ops if op.type == "info" and op.f != "receive")
+    replayed = sum(1 for op in history.ops if op.result.get("replayed"))
+    report.notes.append(
+        f"fault {healed - started:.1f} s; drained: {drained}; {unknown} outcomes unknown, "
+        f"{replayed} retries answered the first answer"
+    )
     return report
 
 
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cases", nargs="*", help="case names (default: all, or the short set)")
     parser.add_argument("--short", action="store_true", help="shortened faults (make test)")
     parser.add_argument("--no-reconcile", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print each case's notes")
     parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "9527")))
     args = parser.parse_args(argv)
     names = args.cases or (SHORT if args.short else list(CASES))
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             report = run_case(cluster, token, CASES[name], scale=scale, out=out, seed=args.seed)
             print(report.line(), flush=True)
-            if not report.ok:
+            if args.verbose or not report.ok:
                 failed = True
                 print(report.details(), flush=True)
         if not args.no_reconcile:

@@ -31,6 +31,12 @@ KINDS = [
 ]
 
 
+def _unknown_or_unsent(op: Op) -> bool:
+    """Worth retrying: the outcome is unknown, or the request never reached txhub (a refused
+    connection) or was throttled."""
+    return op.type == "info" or (op.type == "fail" and op.result.get("status") in {None, 429})
+
+
 def intent_of(body: str) -> tuple[str, str | None]:
     parts = body.split("|")
     return parts[1], (parts[2] if len(parts) > 2 else None)
@@ -148,19 +154,27 @@ class Workload:
             self._resolve(session, name, outcome, transaction_id, body)
 
     def _post(self, session: requests.Session, name: str, f: str, path: str, body: str) -> Op:
+        """A send or prepare with an Idempotency-Key, retried while its outcome is unknown: the
+        retry answers the first answer if the first was stored, so nothing is stored twice."""
         payload: dict[str, Any] = {"producer_group": self.producer, "body": body}
         if f == "prepare":
             payload["topic"] = self.topic
-        return call(
-            session,
-            self.history,
-            name,
-            f,
-            self.api + path,
-            payload,
-            value={"body": body},
-            headers=self.headers,
-        )
+        headers = {**self.headers, "Idempotency-Key": body.replace("|", ".")}
+        deadline = time.monotonic() + 60
+        while True:
+            op = call(
+                session,
+                self.history,
+                name,
+                f,
+                self.api + path,
+                payload,
+                value={"body": body},
+                headers=headers,
+            )
+            if not _unknown_or_unsent(op) or time.monotonic() > deadline:
+                return op
+            time.sleep(0.2)
 
     def _resolve(
         self, session: requests.Session, name: str, outcome: str, transaction_id: str, body: str
@@ -178,7 +192,7 @@ class Workload:
                 value={"body": body, "transaction_id": transaction_id},
                 headers=self.headers,
             )
-            if op.type == "ok" or (op.type == "fail" and op.result.get("status") != 429):
+            if not _unknown_or_unsent(op):
                 return
             time.sleep(0.2)
 

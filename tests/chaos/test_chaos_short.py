@@ -128,6 +128,8 @@ def test_checker_sees_a_second_final_op(cluster: Cluster, baseline: tuple[str, H
         "ON t.id = h.topic_id WHERE t.name = %s AND h.state = 'COMMITTED' LIMIT 1",
         [topic],
     )
+    # The database forbids it (a partial unique index); the checker must not rely on that alone.
+    cluster.sql("DROP INDEX one_final_op_per_transaction; SELECT 1")
     cluster.sql(
         "INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at) "
         "VALUES (%s, 'ROLLBACK', 'OPERATOR', 'chaos', '', '{}', now()) RETURNING id",
@@ -140,6 +142,10 @@ def test_checker_sees_a_second_final_op(cluster: Cluster, baseline: tuple[str, H
         cluster.sql(
             "DELETE FROM broker_oprecord WHERE half_id = %s AND actor = 'chaos' RETURNING id",
             [half_id],
+        )
+        cluster.sql(
+            "CREATE UNIQUE INDEX one_final_op_per_transaction ON broker_oprecord (half_id) "
+            "WHERE op IN ('COMMIT', 'ROLLBACK'); SELECT 1"
         )
 
 

@@ -177,6 +177,22 @@ class ConsumerGroupIn(StrictSerializer):
     )
 
 
+class TopicBindingsIn(StrictSerializer):
+    """PUT .../topics: the whole list of topics a group may use; [] unbinds (any topic)."""
+
+    MAX_TOPICS = 1000
+    topics = serializers.ListField(child=NameField("topic"), max_length=MAX_TOPICS)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Size before contents: a huge list is refused without looking at its elements.
+        topics = data.get("topics") if isinstance(data, dict) else None
+        if isinstance(topics, list) and len(topics) > self.MAX_TOPICS:
+            raise serializers.ValidationError(
+                {"topics": [f"At most {self.MAX_TOPICS} topics can be bound to a group."]}
+            )
+        return super().to_internal_value(data)
+
+
 class TokenIn(StrictSerializer):
     name = _text(max_length=127)
     scopes = serializers.ListField(child=_text(), allow_empty=False, max_length=100)

@@ -100,7 +100,7 @@ class ProducerGroupListView(APIView):
     @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
     def get(self, request: Request) -> Response:
         require_admin(request)
-        groups = ProducerGroup.objects.order_by("name")
+        groups = ProducerGroup.objects.order_by("name").prefetch_related("topics")
         return Response(output.ProducerGroupOut(groups, many=True).data)
 
 
@@ -126,6 +126,30 @@ class ProducerGroupRotateSecretView(APIView):
         return Response(output.ProducerGroupSecretOut(group).data)
 
 
+class ProducerGroupTopicsView(APIView):
+    @extend_schema(
+        request=inputs.TopicBindingsIn, responses={200: output.ProducerGroupOut, **ERRORS}
+    )
+    def put(self, request: Request, name: str) -> Response:
+        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
+        require_admin(request)
+        data = validated(inputs.TopicBindingsIn, request.data)
+        group = registry.producer_group_bind_topics(name=name, topics=data["topics"])
+        return Response(output.ProducerGroupOut(group).data)
+
+
+class ConsumerGroupTopicsView(APIView):
+    @extend_schema(
+        request=inputs.TopicBindingsIn, responses={200: output.ConsumerGroupOut, **ERRORS}
+    )
+    def put(self, request: Request, group: str) -> Response:
+        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
+        require_admin(request)
+        data = validated(inputs.TopicBindingsIn, request.data)
+        group_row = registry.consumer_group_bind_topics(name=group, topics=data["topics"])
+        return Response(output.ConsumerGroupOut(group_row).data)
+
+
 class ConsumerGroupListView(APIView):
     @extend_schema(request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut})
     def post(self, request: Request) -> Response:
@@ -137,7 +161,7 @@ class ConsumerGroupListView(APIView):
     @extend_schema(responses={200: output.ConsumerGroupOut(many=True)})
     def get(self, request: Request) -> Response:
         require_admin(request)
-        groups = ConsumerGroup.objects.order_by("name")
+        groups = ConsumerGroup.objects.order_by("name").prefetch_related("topics")
         return Response(output.ConsumerGroupOut(groups, many=True).data)
 
 
@@ -190,6 +214,7 @@ class TopicMessagesView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
+        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=topic)
         topic_row = selectors.topic_get(name=topic)
         selectors.producer_group_get(name=data["producer_group"])
         sent = sending.message_send(topic=topic_row, message=data["message"], deliver_at=deliver_at)
@@ -207,6 +232,7 @@ class TransactionListView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
+        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=data["topic"])
         topic = selectors.topic_get(name=data["topic"])
         group = selectors.producer_group_get(name=data["producer_group"])
         half = transactions.transaction_prepare(
@@ -295,12 +321,14 @@ class TransactionResumeView(APIView):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(
-        responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})}
-    )
+    @extend_schema(responses={200: output.MessageTraceOut, **ERRORS})
     def get(self, request: Request, msg_id: str) -> Response:
+        """The message and what the token's scopes cover of its trace (see selectors)."""
+        user = token_user(request)
         trace = selectors.message_trace(
-            msg_id=msg_id, producer_groups=token_user(request).groups("produce")
+            msg_id=msg_id,
+            producer_groups=user.groups("produce"),
+            consumer_groups=user.groups("consume"),
         )
         return Response(output.message_trace_out(trace))
 
@@ -321,6 +349,7 @@ class ReceiveView(APIView):
     def post(self, request: Request, group: str) -> Response:
         data = validated(inputs.ReceiveIn, request.data)
         group_row = consumer_group(request, group)
+        selectors.topic_allowed(kind="consume", group=group, topic=data["topic"])
         received = consuming.message_receive(
             group=group_row,
             topic=selectors.topic_get(name=data["topic"]),

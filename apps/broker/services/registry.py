@@ -2,6 +2,8 @@
 
 import hashlib
 import secrets
+from collections.abc import Collection
+from typing import TypeVar
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -95,6 +97,46 @@ def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerG
     if not updated:
         raise NotFound(f"Consumer group {name!r} does not exist.")
     return ConsumerGroup.objects.get(name=name)
+
+
+# Shown in an error at most: an error body stays small however long the list was.
+MISSING_SHOWN = 10
+
+
+Group = TypeVar("Group", ProducerGroup, ConsumerGroup)
+
+
+def _bind_topics(model: type[Group], *, name: str, topics: Collection[str]) -> Group:
+    """Replaces a group's topic bindings with `topics` (empty: unbound, any topic), or, if a
+    group or topic does not exist, changes nothing."""
+    what = "Producer" if model is ProducerGroup else "Consumer"
+    # Lock: two concurrent replacements would interleave their deletes and inserts and leave the
+    # union of both lists; with the group's row locked the last one wins whole.
+    group = model.objects.select_for_update().filter(name=name).first()
+    if group is None:
+        raise NotFound(f"{what} group {name!r} does not exist.")
+    wanted = set(topics)
+    found = list(Topic.objects.filter(name__in=wanted))
+    missing = sorted(wanted - {topic.name for topic in found})
+    if missing:
+        raise NotFound(
+            f"Topic {missing[0]!r} does not exist: nothing was bound.",
+            topics=missing[:MISSING_SHOWN],
+        )
+    group.topics.set(found)
+    return group
+
+
+@transaction.atomic
+def producer_group_bind_topics(*, name: str, topics: Collection[str]) -> ProducerGroup:
+    """The topics the group may send and prepare to (docs/decisions/0010)."""
+    return _bind_topics(ProducerGroup, name=name, topics=topics)
+
+
+@transaction.atomic
+def consumer_group_bind_topics(*, name: str, topics: Collection[str]) -> ConsumerGroup:
+    """The topics the group may receive from (docs/decisions/0010)."""
+    return _bind_topics(ConsumerGroup, name=name, topics=topics)
 
 
 def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:

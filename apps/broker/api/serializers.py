@@ -13,6 +13,7 @@ from rest_framework import serializers
 from apps.broker import limits
 from apps.broker.api.parsers import PayloadTooLarge
 from apps.broker.models import ConsumeFrom, TransactionState
+from apps.broker.services.registry import MAX_BOUND_TOPICS
 from apps.broker.services.sending import OutgoingMessage
 
 
@@ -180,7 +181,7 @@ class ConsumerGroupIn(StrictSerializer):
 class TopicBindingsIn(StrictSerializer):
     """PUT .../topics: the whole list of topics a group may use; [] unbinds (any topic)."""
 
-    MAX_TOPICS = 1000
+    MAX_TOPICS = MAX_BOUND_TOPICS
     topics = serializers.ListField(child=NameField("topic"), max_length=MAX_TOPICS)
 
     def to_internal_value(self, data: Any) -> Any:

@@ -323,7 +323,10 @@ class TransactionResumeView(APIView):
 class MessageDetailView(APIView):
     @extend_schema(responses={200: output.MessageTraceOut, **ERRORS})
     def get(self, request: Request, msg_id: str) -> Response:
-        """The message and what the token's scopes cover of its trace (see selectors)."""
+        """The message and its trace, as far as the token's scopes cover it: a producer sees its
+        own group's messages with the deliveries of the consumer groups it holds scopes for; a
+        consumer sees a committed message on a topic its group may receive from, with its own
+        group's deliveries and no transaction history; an admin sees everything."""
         user = token_user(request)
         trace = selectors.message_trace(
             msg_id=msg_id,

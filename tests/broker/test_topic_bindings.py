@@ -21,7 +21,7 @@ from apps.broker.models import (
 @pytest.fixture
 def names(api: APIClient, setup_topic: Any) -> dict[str, Any]:
     """orders and payments; order-service and billing, both bound to nothing yet."""
-    created = setup_topic()
+    created: dict[str, Any] = setup_topic()
     assert api.post("/api/v1/topics", {"name": "payments"}, format="json").status_code == 201
     return created
 

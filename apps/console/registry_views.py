@@ -208,7 +208,7 @@ def consumer_group_list(request: HttpRequest) -> HttpResponse:
                 for key in ("lag", "in_flight", "dlq")
             },
         }
-        for group in ConsumerGroup.objects.order_by("name")
+        for group in ConsumerGroup.objects.order_by("name").prefetch_related("topics")
     ]
     return render(
         request,

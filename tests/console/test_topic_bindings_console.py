@@ -59,6 +59,7 @@ def test_an_operator_binds_and_unbinds_and_everyone_sees_it(groups: None) -> Non
     assert "<code>orders</code> <code>payments</code>" in producers
     consumer = viewer.get("/console/consumer-groups/billing/").content.decode()
     assert "<code>orders</code>" in consumer
+    assert "<code>orders</code>" in viewer.get("/console/consumer-groups/").content.decode()
     assert 'value="orders"' in operator.get("/console/consumer-groups/billing/").content.decode()
     assert operator.post(CONSUMER_PATH, {"topics": ""}).status_code == 302
     assert bound() == (["orders", "payments"], [])

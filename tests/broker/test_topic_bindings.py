@@ -119,6 +119,18 @@ def test_a_bound_group_naming_a_topic_that_does_not_exist_is_403_like_any_other(
     assert stored() == before
 
 
+@pytest.mark.parametrize("topic", ["%00", "a%00b", "x" * 300, "%F0%9F%92%A9", "%ED%A0%80"])
+def test_a_bound_producer_naming_a_malformed_topic_is_403_and_stores_nothing(
+    api: APIClient, make_client: Any, names: dict[str, Any], topic: str
+) -> None:
+    bind(api, "producer", "order-service", ["payments"])
+    before = stored()
+    response = send(make_client("produce:order-service"), topic)
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "forbidden"
+    assert stored() == before
+
+
 def test_unbound_groups_and_missing_topics_keep_todays_answers(
     make_client: Any, names: dict[str, Any]
 ) -> None:

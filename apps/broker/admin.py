@@ -1,5 +1,6 @@
-"""Django admin: everything visible; op records read-only (append-only by design); bulk commit and
-roll back through the operator service, with a reason asked on an intermediate page."""
+"""Django admin: everything visible to staff with the model's view permission, and read-only
+(writes go through the services: the API and the console); bulk commit and roll back through the
+operator service, with a reason asked on an intermediate page."""
 
 from typing import Any
 
@@ -28,6 +29,9 @@ class ReasonForm(forms.Form):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Viewing keeps Django's own check (the model's view or change permission): being staff is
+    not enough. Nothing is added, changed or deleted here, whatever the permissions."""
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -103,13 +107,11 @@ class HalfMessageAdmin(ReadOnlyAdmin):
     list_select_related = ("producer_group", "topic")
     exclude = ("body",)
     inlines = (OpRecordInline,)
+    # Offered to whoever may view the list; each one acts only for txhub operators (can_act).
     actions = (
         _bulk("commit", "Commit selected (asks a reason)"),
         _bulk("rollback", "Roll back selected (asks a reason)"),
     )
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return obj is None  # the list (and its actions), never an edit form
 
 
 @admin.register(OpRecord)
@@ -137,15 +139,26 @@ class TopicAdmin(ReadOnlyAdmin):
     list_display = ("name", "queues", "created_at")
 
 
+class BoundTopicsAdmin(ReadOnlyAdmin):
+    """Shows a group's topic bindings (edited in the console or the API: one write path)."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).prefetch_related("topics")
+
+    @admin.display(description="topics")
+    def bound_topics(self, group: ProducerGroup | ConsumerGroup) -> str:
+        return ", ".join(sorted(t.name for t in group.topics.all())) or "any topic"
+
+
 @admin.register(ProducerGroup)
-class ProducerGroupAdmin(ReadOnlyAdmin):
-    list_display = ("name", "check_url", "updated_at")
+class ProducerGroupAdmin(BoundTopicsAdmin):
+    list_display = ("name", "check_url", "bound_topics", "updated_at")
     exclude = ("signing_secret", "previous_signing_secret")
 
 
 @admin.register(ConsumerGroup)
-class ConsumerGroupAdmin(ReadOnlyAdmin):
-    list_display = ("name", "max_delivery_attempts", "consume_from")
+class ConsumerGroupAdmin(BoundTopicsAdmin):
+    list_display = ("name", "max_delivery_attempts", "consume_from", "bound_topics")
 
 
 @admin.register(ApiToken)

@@ -56,6 +56,8 @@ class ProducerGroup(models.Model):
     secret_rotated_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # The topics this group may send and prepare to; none bound = any topic (docs/decisions/0010).
+    topics = models.ManyToManyField(Topic, blank=True, related_name="producer_groups")
 
     def __str__(self) -> str:
         return self.name
@@ -73,6 +75,8 @@ class ConsumerGroup(models.Model):
         max_length=8, choices=ConsumeFrom.choices, default=ConsumeFrom.FIRST
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # The topics this group may receive from; none bound = any topic (docs/decisions/0010).
+    topics = models.ManyToManyField(Topic, blank=True, related_name="consumer_groups")
 
     def __str__(self) -> str:
         return self.name

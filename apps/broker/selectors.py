@@ -4,7 +4,7 @@ import contextlib
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
@@ -25,7 +25,7 @@ from apps.broker.models import (
     ReconciliationRun,
     Topic,
 )
-from apps.broker.services.errors import NotFound
+from apps.broker.services.errors import Forbidden, NotFound
 
 
 def topic_get(*, name: str) -> Topic:
@@ -61,6 +61,34 @@ def consumer_group_get(*, name: str) -> ConsumerGroup:
     if group is None:
         raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
     return group
+
+
+def topic_allowed(*, kind: Literal["produce", "consume"], group: str, topic: str) -> None:
+    """403 if the group is bound to topics and `topic` is not one of them (docs/decisions/0010).
+
+    The one check of topic bindings, for send, prepare and receive. A group bound to nothing (or
+    one that does not exist: the caller answers its 404 next) may use any topic. Whether the
+    topic exists plays no part, so a 403 tells a bound group nothing about other topics.
+    """
+    model, owner = (ProducerGroup, "producer") if kind == "produce" else (ConsumerGroup, "consumer")
+    # One query; compared here rather than in SQL, so a topic name from the URL never reaches
+    # the database before it has been checked (a NUL byte, say, is simply not among the names).
+    bound = model.topics.through.objects.filter(**{f"{owner}group__name": group})
+    names = set(bound.values_list("topic__name", flat=True))
+    if names and topic not in names:
+        raise Forbidden(
+            f"{owner.capitalize()} group {group!r} is not bound to topic {topic!r}.",
+            **{f"{owner}_group": group, "topic": topic},
+        )
+
+
+def topic_readable(*, consumer_groups: Collection[str], topic: Topic) -> bool:
+    """Whether one of these consumer groups may receive from `topic` (unbound, or bound to it)."""
+    return (
+        ConsumerGroup.objects.filter(name__in=consumer_groups)
+        .filter(Q(topics__isnull=True) | Q(topics=topic))
+        .exists()
+    )
 
 
 def transaction_get(
@@ -99,10 +127,18 @@ def message_trace(
     *,
     msg_id: str,
     producer_groups: Collection[str] | None,
+    consumer_groups: Collection[str] | None,
     half: HalfMessage | None = None,
 ) -> dict[str, Any]:
     """A message wherever it is: half message and its ops, commit-log position, deliveries.
-    A caller that has already loaded the half message passes it, so it is not read again."""
+    A caller that has already loaded the half message passes it, so it is not read again.
+
+    What the caller sees is what its groups cover (None: every group, the admin's view). A
+    producer of the message sees it whole, with the deliveries of its own consumer groups only.
+    A consumer sees a committed message on a topic one of its groups may receive from, with its
+    own groups' deliveries and without the transaction (the producer's history, not its own):
+    `producer_view` says which. Anything else answers 404, as if the message did not exist.
+    """
     if half is None:
         half = (
             HalfMessage.objects.select_related("topic", "producer_group")
@@ -114,14 +150,26 @@ def message_trace(
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
     row = entry or delayed
     group = half.producer_group.name if half else row.producer_group if row else None
-    if group is None or (producer_groups is not None and group not in producer_groups):
-        raise NotFound(f"Message {msg_id} does not exist.")
-    deliveries = (
-        Delivery.objects.filter(message=entry).select_related("group").order_by("group__name")
-        if entry
-        else Delivery.objects.none()
+    producer_view = group is not None and (producer_groups is None or group in producer_groups)
+    consumer_view = (
+        entry is not None
+        and bool(consumer_groups)
+        and topic_readable(consumer_groups=consumer_groups or (), topic=entry.topic)
     )
-    return {"half": half, "entry": entry, "delayed": delayed, "deliveries": list(deliveries)}
+    if not (producer_view or consumer_view):
+        raise NotFound(f"Message {msg_id} does not exist.")
+    deliveries = Delivery.objects.none()
+    if entry is not None and (consumer_groups is None or consumer_groups):
+        deliveries = Delivery.objects.filter(message=entry)
+        if consumer_groups is not None:
+            deliveries = deliveries.filter(group__name__in=consumer_groups)
+    return {
+        "half": half if producer_view else None,
+        "entry": entry,
+        "delayed": delayed if producer_view else None,
+        "deliveries": list(deliveries.select_related("group").order_by("group__name")),
+        "producer_view": producer_view,
+    }
 
 
 def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:

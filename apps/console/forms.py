@@ -81,6 +81,22 @@ class ConsumerGroupEditForm(forms.Form):
     max_delivery_attempts = forms.IntegerField(min_value=1, max_value=1000)
 
 
+class TopicBindingsForm(forms.Form):
+    """A group's topic bindings, as the API's PUT .../topics takes them: the whole list."""
+
+    topics = forms.CharField(
+        max_length=20000,
+        required=False,
+        help_text="Space or comma separated topic names. Empty: the group may use any topic.",
+    )
+
+    def clean_topics(self) -> list[str]:
+        names = [n for n in self.cleaned_data["topics"].replace(",", " ").split() if n]
+        for name in names:
+            _limit(limits.check_name, what="topic")(name)
+        return names
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=127)
     scopes = forms.CharField(

@@ -24,6 +24,7 @@ from apps.console.forms import (
     ConsumerGroupForm,
     ProducerGroupForm,
     TokenForm,
+    TopicBindingsForm,
     TopicForm,
 )
 from apps.console.roles import can_act
@@ -95,7 +96,7 @@ def producer_group_list(request: HttpRequest) -> HttpResponse:
         request,
         "console/producer_groups.html",
         {
-            "groups": ProducerGroup.objects.order_by("name"),
+            "groups": ProducerGroup.objects.order_by("name").prefetch_related("topics"),
             "form": ProducerGroupForm(),
             "can_act": can_act(request.user),
         },
@@ -140,6 +141,32 @@ def producer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
     )
 
 
+def _bindings_text(group: ProducerGroup | ConsumerGroup) -> str:
+    return " ".join(sorted(topic.name for topic in group.topics.all()))
+
+
+def _bound_message(name: str, topics: list[str]) -> str:
+    if not topics:
+        return f"{name} is bound to no topic: it may use any topic."
+    return f"{name} may now use only: {', '.join(sorted(set(topics)))}."
+
+
+@require_POST
+@operator_required
+def producer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
+    def write(data: dict[str, Any]) -> str:
+        registry.producer_group_bind_topics(name=name, topics=data["topics"])
+        return _bound_message(name, data["topics"])
+
+    return _form_post(
+        request,
+        TopicBindingsForm(request.POST),
+        write,
+        done=redirect("console:producer-groups"),
+        title=f"Topics of {name}",
+    )
+
+
 @require_POST
 @operator_required
 def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
@@ -181,7 +208,7 @@ def consumer_group_list(request: HttpRequest) -> HttpResponse:
                 for key in ("lag", "in_flight", "dlq")
             },
         }
-        for group in ConsumerGroup.objects.order_by("name")
+        for group in ConsumerGroup.objects.order_by("name").prefetch_related("topics")
     ]
     return render(
         request,
@@ -206,6 +233,8 @@ def consumer_group_detail(request: HttpRequest, name: str) -> HttpResponse:
             "form": ConsumerGroupEditForm(
                 initial={"max_delivery_attempts": group.max_delivery_attempts}
             ),
+            "topics": sorted(topic.name for topic in group.topics.all()),
+            "topics_form": TopicBindingsForm(initial={"topics": _bindings_text(group)}),
             "can_act": can_act(request.user),
         },
     )
@@ -240,6 +269,22 @@ def consumer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
         write,
         done=redirect("console:consumer-group", name=name),
         title=f"Edit {name}",
+    )
+
+
+@require_POST
+@operator_required
+def consumer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
+    def write(data: dict[str, Any]) -> str:
+        registry.consumer_group_bind_topics(name=name, topics=data["topics"])
+        return _bound_message(name, data["topics"])
+
+    return _form_post(
+        request,
+        TopicBindingsForm(request.POST),
+        write,
+        done=redirect("console:consumer-group", name=name),
+        title=f"Topics of {name}",
     )
 
 

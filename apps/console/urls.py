@@ -20,6 +20,11 @@ urlpatterns = [
     path("producer-groups/new/", setup.producer_group_create, name="producer-group-create"),
     path("producer-groups/<str:name>/edit/", setup.producer_group_edit, name="producer-group-edit"),
     path(
+        "producer-groups/<str:name>/topics/",
+        setup.producer_group_topics,
+        name="producer-group-topics",
+    ),
+    path(
         "producer-groups/<str:name>/rotate-secret/",
         setup.producer_group_rotate,
         name="producer-group-rotate",
@@ -33,6 +38,11 @@ urlpatterns = [
     path("consumer-groups/new/", setup.consumer_group_create, name="consumer-group-create"),
     path("consumer-groups/<str:name>/", setup.consumer_group_detail, name="consumer-group"),
     path("consumer-groups/<str:name>/edit/", setup.consumer_group_edit, name="consumer-group-edit"),
+    path(
+        "consumer-groups/<str:name>/topics/",
+        setup.consumer_group_topics,
+        name="consumer-group-topics",
+    ),
     path(
         "consumer-groups/<str:name>/dlq/<str:msg_id>/resend/",
         setup.dlq_resend,

@@ -105,7 +105,9 @@ def transaction_detail(request: HttpRequest, transaction_id: uuid.UUID) -> HttpR
         half = selectors.transaction_get(transaction_id=transaction_id)
     except NotFound:
         return render(request, "console/not_found.html", status=404)
-    trace = selectors.message_trace(msg_id=half.msg_id, producer_groups=None, half=half)
+    trace = selectors.message_trace(
+        msg_id=half.msg_id, producer_groups=None, consumer_groups=None, half=half
+    )
     return render(
         request,
         "console/transaction_detail.html",

@@ -5,7 +5,14 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.broker.models import CommitLogEntry, DelayedMessage, Delivery, HalfMessage
+from apps.broker.models import (
+    CommitLogEntry,
+    ConsumerGroup,
+    DelayedMessage,
+    Delivery,
+    HalfMessage,
+    ProducerGroup,
+)
 from apps.broker.services.consuming import Received
 
 
@@ -156,6 +163,29 @@ class CommitLogPositionOut(serializers.Serializer[Any]):
     stored_at = serializers.DateTimeField()
 
 
+class MessageTraceOut(serializers.Serializer[Any]):
+    """The shape of GET /api/v1/messages/{msg_id} (built by message_trace_out)."""
+
+    msg_id = serializers.CharField()
+    topic = serializers.CharField()
+    producer_group = serializers.CharField()
+    tags = serializers.CharField(allow_null=True)
+    keys = serializers.ListField(child=serializers.CharField())
+    properties = serializers.DictField(child=serializers.CharField())
+    body = serializers.CharField(required=False, help_text="UTF-8 text, if it was sent as text")
+    body_base64 = serializers.CharField(required=False, help_text="base64, if sent as bytes")
+    born_at = serializers.DateTimeField()
+    transaction = TransactionDetailOut(
+        allow_null=True,
+        help_text="null if the message is not transactional or the caller is not its producer",
+    )
+    commit_log = CommitLogPositionOut(allow_null=True, help_text="null until it is visible")
+    delayed_until = serializers.DateTimeField(allow_null=True)
+    deliveries = DeliveryOut(
+        many=True, help_text="Only the consumer groups the caller's token has scopes for."
+    )
+
+
 DT = serializers.DateTimeField()
 
 
@@ -187,11 +217,23 @@ class TopicOut(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
 
 
+def bound_topics(group: ProducerGroup | ConsumerGroup) -> list[str]:
+    """The topics a group is bound to, sorted; [] = unbound, any topic (docs/decisions/0010).
+    Reads a prefetch when the caller made one (lists), else one query."""
+    return sorted(topic.name for topic in group.topics.all())
+
+
 class ProducerGroupOut(serializers.Serializer[Any]):
     name = serializers.CharField()
     check_url = serializers.CharField()
+    topics = serializers.SerializerMethodField(
+        help_text="Topics the group may send and prepare to; empty: any topic."
+    )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+
+    def get_topics(self, group: ProducerGroup) -> list[str]:
+        return bound_topics(group)
 
 
 class ProducerGroupSecretOut(ProducerGroupOut):
@@ -202,7 +244,13 @@ class ConsumerGroupOut(serializers.Serializer[Any]):
     name = serializers.CharField()
     max_delivery_attempts = serializers.IntegerField()
     consume_from = serializers.CharField()
+    topics = serializers.SerializerMethodField(
+        help_text="Topics the group may receive from; empty: any topic."
+    )
     created_at = serializers.DateTimeField()
+
+    def get_topics(self, group: ConsumerGroup) -> list[str]:
+        return bound_topics(group)
 
 
 class TokenOut(serializers.Serializer[Any]):

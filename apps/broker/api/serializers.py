@@ -13,6 +13,7 @@ from rest_framework import serializers
 from apps.broker import limits
 from apps.broker.api.parsers import PayloadTooLarge
 from apps.broker.models import ConsumeFrom, TransactionState
+from apps.broker.services.registry import MAX_BOUND_TOPICS
 from apps.broker.services.sending import OutgoingMessage
 
 
@@ -175,6 +176,22 @@ class ConsumerGroupIn(StrictSerializer):
     consume_from = serializers.ChoiceField(
         choices=ConsumeFrom.choices, required=False, default=ConsumeFrom.FIRST
     )
+
+
+class TopicBindingsIn(StrictSerializer):
+    """PUT .../topics: the whole list of topics a group may use; [] unbinds (any topic)."""
+
+    MAX_TOPICS = MAX_BOUND_TOPICS
+    topics = serializers.ListField(child=NameField("topic"), max_length=MAX_TOPICS)
+
+    def to_internal_value(self, data: Any) -> Any:
+        # Size before contents: a huge list is refused without looking at its elements.
+        topics = data.get("topics") if isinstance(data, dict) else None
+        if isinstance(topics, list) and len(topics) > self.MAX_TOPICS:
+            raise serializers.ValidationError(
+                {"topics": [f"At most {self.MAX_TOPICS} topics can be bound to a group."]}
+            )
+        return super().to_internal_value(data)
 
 
 class TokenIn(StrictSerializer):

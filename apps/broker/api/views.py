@@ -134,7 +134,7 @@ class ProducerGroupListView(APIView):
     @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
     def get(self, request: Request) -> Response:
         require_admin(request)
-        groups = ProducerGroup.objects.order_by("name")
+        groups = ProducerGroup.objects.order_by("name").prefetch_related("topics")
         return Response(output.ProducerGroupOut(groups, many=True).data)
 
 
@@ -160,6 +160,30 @@ class ProducerGroupRotateSecretView(APIView):
         return Response(output.ProducerGroupSecretOut(group).data)
 
 
+class ProducerGroupTopicsView(APIView):
+    @extend_schema(
+        request=inputs.TopicBindingsIn, responses={200: output.ProducerGroupOut, **ERRORS}
+    )
+    def put(self, request: Request, name: str) -> Response:
+        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
+        require_admin(request)
+        data = validated(inputs.TopicBindingsIn, request.data)
+        group = registry.producer_group_bind_topics(name=name, topics=data["topics"])
+        return Response(output.ProducerGroupOut(group).data)
+
+
+class ConsumerGroupTopicsView(APIView):
+    @extend_schema(
+        request=inputs.TopicBindingsIn, responses={200: output.ConsumerGroupOut, **ERRORS}
+    )
+    def put(self, request: Request, group: str) -> Response:
+        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
+        require_admin(request)
+        data = validated(inputs.TopicBindingsIn, request.data)
+        group_row = registry.consumer_group_bind_topics(name=group, topics=data["topics"])
+        return Response(output.ConsumerGroupOut(group_row).data)
+
+
 class ConsumerGroupListView(APIView):
     @extend_schema(request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut})
     def post(self, request: Request) -> Response:
@@ -171,7 +195,7 @@ class ConsumerGroupListView(APIView):
     @extend_schema(responses={200: output.ConsumerGroupOut(many=True)})
     def get(self, request: Request) -> Response:
         require_admin(request)
-        groups = ConsumerGroup.objects.order_by("name")
+        groups = ConsumerGroup.objects.order_by("name").prefetch_related("topics")
         return Response(output.ConsumerGroupOut(groups, many=True).data)
 
 
@@ -224,6 +248,7 @@ class TopicMessagesView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
+        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=topic)
         topic_row = selectors.topic_get(name=topic)
         group = selectors.producer_group_get(name=data["producer_group"])
 
@@ -247,6 +272,7 @@ class TransactionListView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
+        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=data["topic"])
         topic = selectors.topic_get(name=data["topic"])
         group = selectors.producer_group_get(name=data["producer_group"])
 
@@ -339,12 +365,17 @@ class TransactionResumeView(APIView):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(
-        responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})}
-    )
+    @extend_schema(responses={200: output.MessageTraceOut, **ERRORS})
     def get(self, request: Request, msg_id: str) -> Response:
+        """The message and its trace, as far as the token's scopes cover it: a producer sees its
+        own group's messages with the deliveries of the consumer groups it holds scopes for; a
+        consumer sees a committed message on a topic its group may receive from, with its own
+        group's deliveries and no transaction history; an admin sees everything."""
+        user = token_user(request)
         trace = selectors.message_trace(
-            msg_id=msg_id, producer_groups=token_user(request).groups("produce")
+            msg_id=msg_id,
+            producer_groups=user.groups("produce"),
+            consumer_groups=user.groups("consume"),
         )
         return Response(output.message_trace_out(trace))
 
@@ -365,6 +396,7 @@ class ReceiveView(APIView):
     def post(self, request: Request, group: str) -> Response:
         data = validated(inputs.ReceiveIn, request.data)
         group_row = consumer_group(request, group)
+        selectors.topic_allowed(kind="consume", group=group, topic=data["topic"])
         received = consuming.message_receive(
             group=group_row,
             topic=selectors.topic_get(name=data["topic"]),

@@ -18,6 +18,13 @@ def invalid(field: str, message: str) -> BrokerError:
     return BrokerError(message, **{field: [message]})
 
 
+class Forbidden(BrokerError):
+    """Allowed by the token's scopes but not by the group's configuration (topic bindings)."""
+
+    code = "forbidden"
+    status = 403
+
+
 class NotFound(BrokerError):
     code = "not_found"
     status = 404

@@ -20,7 +20,7 @@ PREPARE = {**MESSAGE, "topic": "orders"}
 
 
 def post(api: APIClient, path: str, payload: dict[str, Any], key: str | None) -> Any:
-    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    headers: dict[str, Any] = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
     return api.post(path, payload, format="json", **headers)
 
 

@@ -93,6 +93,7 @@ def test_checker_sees_a_duplicate_after_ack(
         )
     )
     message = next(m for m in receive.result["body"]["messages"] if m["receipt_handle"] == handle)
+    assert acked.completed is not None
     later = replace(receive, index=len(broken.ops), invoked=acked.completed + 1)
     later.result = {"status": 200, "body": {"messages": [{**message, "receipt_handle": "x.y"}]}}
     broken.ops.append(later)

@@ -9,7 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
@@ -238,8 +243,23 @@ class TokenDetailView(APIView):
 # Producers ---------------------------------------------------------------------------------
 
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    name=idempotency.HEADER,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    type=str,
+    description="A retry with the same key and the same request within 24 h answers the first "
+    "answer (with `Idempotent-Replayed: true`) and stores nothing; the same key with another "
+    "request is 409. 1-255 printable ASCII characters.",
+)
+
+
 class TopicMessagesView(APIView):
-    @extend_schema(request=inputs.MessageIn, responses={201: output.SendOut, 413: None, **ERRORS})
+    @extend_schema(
+        request=inputs.MessageIn,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: output.SendOut, 413: None, **ERRORS},
+    )
     def post(self, request: Request, topic: str) -> Response:
         data = validated(inputs.MessageIn, request.data)
         require(request, "produce", data["producer_group"])
@@ -262,7 +282,11 @@ class TopicMessagesView(APIView):
 
 
 class TransactionListView(APIView):
-    @extend_schema(request=inputs.TransactionIn, responses={201: output.PreparedOut, **ERRORS})
+    @extend_schema(
+        request=inputs.TransactionIn,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: output.PreparedOut, **ERRORS},
+    )
     def post(self, request: Request) -> Response:
         data = validated(inputs.TransactionIn, request.data)
         require(request, "produce", data["producer_group"])

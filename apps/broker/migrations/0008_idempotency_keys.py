@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("broker", "0006_log_stored_brin"),
+        ("broker", "0007_topic_bindings"),
     ]
 
     operations = [

@@ -1,8 +1,12 @@
 """A small JSON client for txhub's API and its error format."""
 
+import time
 from typing import Any
 
 import requests
+
+# Worth retrying with the same Idempotency-Key: the request may not have been stored.
+RETRYABLE = (requests.ConnectionError, requests.Timeout)
 
 
 class TxhubError(Exception):
@@ -30,9 +34,38 @@ class Api:
         payload: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
+        retries: int = 0,
+        repeatable: bool = False,
+    ) -> dict[str, Any]:
+        """One call; with an Idempotency-Key, retried up to `retries` times (0.2 s, 0.4 s, ...)
+        on connection errors, timeouts and 503: txhub answers a retry of a stored request with
+        the first answer, so a retry never stores twice. `repeatable` calls (a commit or a
+        rollback: a repeat answers the first resolution) are retried without a key."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        for attempt in range(retries + 1):
+            last = attempt == retries or not (idempotency_key or repeatable)
+            try:
+                return self._call(method, path, payload, timeout, headers)
+            except RETRYABLE:
+                if last:
+                    raise
+            except TxhubError as error:
+                if last or error.status != 503:
+                    raise
+            time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None,
+        timeout: float | None,
+        headers: dict[str, str] | None,
     ) -> dict[str, Any]:
         response = self.session.request(
-            method, self.base + path, json=payload, timeout=timeout or self.timeout
+            method, self.base + path, json=payload, timeout=timeout or self.timeout, headers=headers
         )
         if response.status_code >= 400:
             try:

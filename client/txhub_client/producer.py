@@ -4,6 +4,7 @@
 import base64
 import enum
 import logging
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -30,6 +31,9 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     delay_level: int | None = None  # 1..18: 1s 5s 10s 30s 1m ... 2h
     deliver_at: datetime | None = None  # timezone-aware
+    # Sent as Idempotency-Key: retries of this message never store it twice. A random one is made
+    # when unset; set your own (e.g. "order-9527-created") to be safe across process restarts.
+    idempotency_key: str | None = None
     # Filled in by txhub:
     msg_id: str | None = None
     transaction_id: str | None = None
@@ -82,13 +86,25 @@ class TransactionListener(Protocol):
 class Producer:
     """Normal and delayed messages."""
 
-    def __init__(self, url: str, token: str, group: str, *, timeout: float = 30) -> None:
+    def __init__(
+        self, url: str, token: str, group: str, *, timeout: float = 30, retries: int = 3
+    ) -> None:
         self.api = Api(url, token, timeout=timeout)
         self.group = group
+        self.retries = retries  # on connection errors, timeouts and 503, with the same key
+
+    def _key(self, message: Message) -> str:
+        if message.idempotency_key is None:
+            message.idempotency_key = uuid.uuid4().hex
+        return message.idempotency_key
 
     def send(self, message: Message) -> SendResult:
         answer = self.api.call(
-            "POST", f"/topics/{message.topic}/messages", message.payload(self.group)
+            "POST",
+            f"/topics/{message.topic}/messages",
+            message.payload(self.group),
+            idempotency_key=self._key(message),
+            retries=self.retries,
         )
         message.msg_id = answer["msg_id"]
         return SendResult(
@@ -111,9 +127,10 @@ class TransactionProducer(Producer):
         listener: TransactionListener,
         *,
         timeout: float = 30,
+        retries: int = 3,
         check_immunity_seconds: int | None = None,
     ) -> None:
-        super().__init__(url, token, group, timeout=timeout)
+        super().__init__(url, token, group, timeout=timeout, retries=retries)
         self.listener = listener
         self.check_immunity_seconds = check_immunity_seconds
 
@@ -123,7 +140,14 @@ class TransactionProducer(Producer):
         payload = {**message.payload(self.group), "topic": message.topic}
         if self.check_immunity_seconds is not None:
             payload["check_immunity_seconds"] = self.check_immunity_seconds
-        prepared = self.api.call("POST", "/transactions", payload)  # raises: nothing to undo
+        # Raises: nothing to undo. Retried with one key: a retry never prepares a second half.
+        prepared = self.api.call(
+            "POST",
+            "/transactions",
+            payload,
+            idempotency_key=self._key(message),
+            retries=self.retries,
+        )
         message.msg_id = prepared["msg_id"]
         message.transaction_id = prepared["transaction_id"]
         error: BaseException | None = None
@@ -138,7 +162,13 @@ class TransactionProducer(Producer):
         if local is not LocalTransactionState.UNKNOW:
             action = "commit" if local is LocalTransactionState.COMMIT_MESSAGE else "rollback"
             try:
-                ended = self.api.call("POST", f"/transactions/{message.transaction_id}/{action}")
+                # A repeated commit (or rollback) answers the first one: safe to retry.
+                ended = self.api.call(
+                    "POST",
+                    f"/transactions/{message.transaction_id}/{action}",
+                    retries=self.retries,
+                    repeatable=True,
+                )
                 state, offset = ended["state"], ended.get("queue_offset")
             except (TxhubError, OSError) as exc:
                 # The end call is lost: the transaction stays PREPARED and check-back settles it.

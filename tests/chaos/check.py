@@ -145,10 +145,21 @@ def _malformed(history: History) -> list[str]:
 
 def _duplicates(history: History, received: list[Delivery]) -> list[str]:
     acked_at: dict[str, float] = {}  # receipt handle -> when its ack was answered ok
-    for op in history.of("ack"):
+    acks = history.of("ack")
+    for op in acks:
         if op.type == "ok" and op.completed is not None:
             for handle in op.result["body"]["acked"]:
                 acked_at[handle] = op.completed
+    received_at = {d.handle: d.invoked for d in received}
+    for retry in acks:
+        first = retry.value.get("retry_of")
+        if first is None or retry.type != "ok" or retry.completed is None:
+            continue
+        # A handle the retry calls invalid although still inside its invisible time (10 s) was
+        # acked by the attempt whose answer was lost: it counts as acked from that attempt on.
+        for handle in retry.result["body"]["invalid"]:
+            if retry.completed < received_at.get(handle, 0) + 9:
+                acked_at[handle] = min(acked_at.get(handle, 1e18), _done(history.ops[first]))
     by_msg: dict[str, list[Delivery]] = defaultdict(list)
     for d in received:
         by_msg[d.msg_id].append(d)

@@ -242,6 +242,19 @@ class Cluster:
         )
         return done.stdout.count("pong") >= len(self.workers)
 
+    def celery_restart(self, **env: str) -> None:
+        """Workers and beat stopped and started again with these variables added (a failpoint
+        armed, say) or, with none, the cluster's own environment again."""
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            _killpg(process, signal.SIGTERM, wait=20)
+        self.workers, self.beat = [], None
+        saved = dict(self.env)
+        self.env.update(env)
+        try:
+            self.celery_start()
+        finally:
+            self.env = saved
+
     def celery_kill(self) -> None:
         """kill -9 of every worker (with its pool children) and of beat: a crash."""
         for process in [*self.workers, *([self.beat] if self.beat else [])]:

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -91,6 +92,19 @@ def web_failpoint(spec: str) -> Callable[[Cluster, float], None]:
     return inject
 
 
+def celery_failpoint(spec: str) -> Callable[[Cluster, float], None]:
+    """Celery restarted with TXHUB_FAILPOINTS armed: pool children die inside the window."""
+
+    def inject(cluster: Cluster, scale: float) -> None:
+        cluster.celery_restart(TXHUB_FAILPOINTS=spec)
+        try:
+            time.sleep(20 * scale)
+        finally:
+            cluster.celery_restart()
+
+    return inject
+
+
 CASES = {
     case.name: case
     for case in [
@@ -105,6 +119,16 @@ CASES = {
             "gunicorn workers killed after a commit, before its answer (10% of commits)",
             web_failpoint("after_commit_before_answer=10%exit"),
         ),
+        Case(
+            "F4",
+            "gunicorn workers killed after an ack, before its answer (10% of acks)",
+            web_failpoint("after_ack_before_answer=10%exit"),
+        ),
+        Case(
+            "F5",
+            "Celery pool children killed between the check's answer and its write (30%)",
+            celery_failpoint("after_check_answer_before_write=30%exit"),
+        ),
         Case("F6", "kill -9 of every Celery worker and beat, restarted after 20 s", kill_celery),
         Case("F7", "Postgres stopped -m immediate under load, restarted", crash_postgres),
         Case("F8", "Redis killed without save and restarted empty", redis_lost),
@@ -112,7 +136,7 @@ CASES = {
         Case("F13", "SIGSTOP of a gunicorn worker for 20 s, then SIGCONT", web_worker_stopped),
     ]
 }
-SHORT = ["F1", "F2", "F3", "F8"]  # the cases `make test` runs, shortened
+SHORT = ["F1", "F2", "F3", "F5", "F8"]  # the cases `make test` runs, shortened
 
 
 def run_case(
@@ -138,11 +162,12 @@ def run_case(
         endpoint.close()
         history.dump(out / f"history-{case.name}.jsonl")
     report = check(case.name, workload.topic, history, cluster.sql)
-    unknown = sum(1 for op in history.ops if op.type == "info" and op.f != "receive")
+    unknown = Counter(op.f for op in history.ops if op.type == "info" and op.f != "receive")
     replayed = sum(1 for op in history.ops if op.result.get("replayed"))
     report.notes.append(
-        f"fault {healed - started:.1f} s; drained: {drained}; {unknown} outcomes unknown, "
-        f"{replayed} retries answered the first answer"
+        f"fault {healed - started:.1f} s; drained: {drained}; outcomes unknown: "
+        f"{dict(unknown) or 0}; {replayed} retries answered the first answer; "
+        f"{endpoint.checks} check-backs answered"
     )
     return report
 

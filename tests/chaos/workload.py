@@ -226,13 +226,24 @@ class Workload:
                 m["receipt_handle"] for m in op.result["body"]["messages"] if rng.random() > 0.03
             ]
             if handles:
-                call(
-                    session,
-                    self.history,
-                    name,
-                    "ack",
-                    f"{self.api}/consumer-groups/{self.consumer}/ack",
-                    {"receipt_handles": handles},
-                    value={"receipt_handles": handles},
-                    headers=self.headers,
-                )
+                self._ack(session, name, handles)
+
+    def _ack(self, session: requests.Session, name: str, handles: list[str]) -> None:
+        """An ack whose outcome is unknown is sent again: the retry acks what the first did not,
+        and answers `invalid` for what the first one did ack (the checker reads that)."""
+        first = None
+        for _ in range(10):
+            op = call(
+                session,
+                self.history,
+                name,
+                "ack",
+                f"{self.api}/consumer-groups/{self.consumer}/ack",
+                {"receipt_handles": handles},
+                value={"receipt_handles": handles, "retry_of": first},
+                headers=self.headers,
+            )
+            if not _unknown_or_unsent(op):
+                return
+            first = op.index if first is None else first
+            time.sleep(0.2)

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps.broker import failpoints
 from apps.broker.metrics import CHECKBACK_ATTEMPTS, CHECKBACK_LATENCY
 from apps.broker.models import HalfMessage, OpKind, OpRecord, ProducerGroup, Resolver
 from apps.broker.models import TransactionState as State
@@ -274,6 +275,8 @@ def checkback_run(*, half_id: int) -> str:
         HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
         return "skipped"
     result = call_check_url(half)
+    if failpoints.ARMED:
+        failpoints.hit("after_check_answer_before_write")
     return checkback_apply(half_id=half_id, result=result)
 
 

@@ -133,7 +133,8 @@ class Cluster:
 
     def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
-            return list(conn.execute(query, params).fetchall())
+            cursor = conn.execute(query, params)
+            return list(cursor.fetchall()) if cursor.description else []
 
     # Redis ----------------------------------------------------------------------------------
 

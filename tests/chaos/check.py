@@ -32,6 +32,7 @@ class Report:
     conflicting: list[str] = field(default_factory=list)
     unavailable: float = 0.0
     malformed: list[str] = field(default_factory=list)  # an error not in the contract's format
+    violations: list[str] = field(default_factory=list)  # the fault case's own expectations
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +44,7 @@ class Report:
             or self.skipped
             or self.conflicting
             or self.malformed
+            or self.violations
         )
 
     def line(self) -> str:
@@ -55,7 +57,8 @@ class Report:
 
     def details(self, limit: int = 10) -> str:
         parts = []
-        for name in ("lost", "unexpected", "duplicated", "skipped", "conflicting", "malformed"):
+        names = ("lost", "unexpected", "duplicated", "skipped", "conflicting", "malformed")
+        for name in (*names, "violations"):
             items = getattr(self, name)
             if items:
                 parts.append(f"  {name}: {items[:limit]}")

@@ -10,97 +10,171 @@ on any violation. The reconciliation job runs at the end over everything and mus
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+import requests
 
 from tests.chaos.check import Report, check, deliveries, expectations
 from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
+from tests.chaos.netns import Namespace
 from tests.chaos.workload import CheckEndpoint, Workload
+from tests.faultproxy import FaultProxy
 
 # Each the production setting of the same name, made fast so a case fits in a minute.
 SETTINGS = {
     "TXHUB_TRANSACTION_TIMEOUT": "1",
     "TXHUB_CHECK_INTERVAL": "1",
     "TXHUB_CHECK_MAX": "3",
-    "TXHUB_CHECK_HTTP_TIMEOUT": "2",
+    "TXHUB_CHECK_HTTP_TIMEOUT": "5",
+    # The black-hole case's producer lives in a network namespace at 10.213.x.2 (this test's
+    # own): allowed here only.
+    "TXHUB_CALLBACK_ALLOWED_HOSTS": "127.0.0.0/8,::1/128,10.213.0.0/16",
+    "TXHUB_ALLOW_HTTP_CALLBACKS": "1",
     "TXHUB_SCAN_SECONDS": "0.5",
     "TXHUB_EXPIRE_SCAN_SECONDS": "1",
     "TXHUB_LOG_LEVEL": "WARNING",
 }
 
 
+@dataclass
+class Context:
+    """What a fault may need besides the cluster; `violations` fails the case."""
+
+    cluster: Cluster
+    scale: float  # < 1 shortens the fault (make test)
+    workload: Workload
+    endpoint_url: str  # the producer's check endpoint, on the loopback
+    violations: list[str] = field(default_factory=list)
+
+    def set_check_url(self, url: str) -> None:
+        response = requests.patch(
+            f"{self.workload.api}/producer-groups/{self.workload.producer}",
+            json={"check_url": url},
+            headers=self.workload.headers,
+            timeout=10,
+        )
+        assert response.status_code == 200, response.text
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     what: str
-    inject: Callable[[Cluster, float], None]  # injects the fault and heals it; `scale` shortens
+    inject: Callable[[Context], None]  # injects the fault and heals it
 
 
-def no_fault(cluster: Cluster, scale: float) -> None:
-    time.sleep(10 * scale)
+def no_fault(ctx: Context) -> None:
+    time.sleep(10 * ctx.scale)
 
 
-def kill_celery(cluster: Cluster, scale: float) -> None:
-    cluster.celery_kill()
-    time.sleep(20 * scale)
-    cluster.celery_start()
+def kill_celery(ctx: Context) -> None:
+    ctx.cluster.celery_kill()
+    time.sleep(20 * ctx.scale)
+    ctx.cluster.celery_start()
 
 
-def crash_postgres(cluster: Cluster, scale: float) -> None:
-    cluster.pg_stop("immediate")
-    time.sleep(5 * scale)
-    cluster.pg_start()
+def crash_postgres(ctx: Context) -> None:
+    ctx.cluster.pg_stop("immediate")
+    time.sleep(5 * ctx.scale)
+    ctx.cluster.pg_start()
 
 
-def redis_lost(cluster: Cluster, scale: float) -> None:
-    cluster.redis_kill_and_wipe()
-    time.sleep(3 * scale)
-    cluster.redis_start()
+def redis_lost(ctx: Context) -> None:
+    ctx.cluster.redis_kill_and_wipe()
+    time.sleep(3 * ctx.scale)
+    ctx.cluster.redis_start()
 
 
-def redis_paused(cluster: Cluster, scale: float) -> None:
-    paused_ms = int(15000 * scale)
-    assert cluster.redis_cli("CLIENT", "PAUSE", str(paused_ms), "ALL") == "OK"
+def redis_paused(ctx: Context) -> None:
+    paused_ms = int(15000 * ctx.scale)
+    assert ctx.cluster.redis_cli("CLIENT", "PAUSE", str(paused_ms), "ALL") == "OK"
     time.sleep(paused_ms / 1000 + 1)
 
 
-def web_worker_stopped(cluster: Cluster, scale: float) -> None:
-    victim = cluster.web_worker_pids()[0]
+def web_worker_stopped(ctx: Context) -> None:
+    victim = ctx.cluster.web_worker_pids()[0]
     os.kill(victim, signal.SIGSTOP)
     try:
-        time.sleep(20 * scale)
+        time.sleep(20 * ctx.scale)
     finally:
         os.kill(victim, signal.SIGCONT)
 
 
-def web_failpoint(spec: str) -> Callable[[Cluster, float], None]:
+def callback_black_holed(ctx: Context) -> None:
+    """The producer's endpoint in a namespace whose link goes down (SYNs vanish), then a
+    listener that accepts and never answers; every check must end at TXHUB_CHECK_HTTP_TIMEOUT."""
+    since = ctx.cluster.sql("SELECT now()")[0][0]
+    namespace = Namespace()
+    silent = socket.create_server(("127.0.0.1", 0), backlog=256)
+    try:
+        namespace.up()
+        ctx.set_check_url(namespace.check_endpoint())
+        time.sleep(3 * ctx.scale)
+        namespace.black_hole()
+        time.sleep(12 * ctx.scale)
+        ctx.set_check_url(f"http://127.0.0.1:{silent.getsockname()[1]}/check")
+        time.sleep(10 * ctx.scale)
+    finally:
+        ctx.set_check_url(ctx.endpoint_url)
+        silent.close()
+        namespace.delete()
+    limit_ms = float(SETTINGS["TXHUB_CHECK_HTTP_TIMEOUT"]) * 1000 + 1500
+    [(failed, slowest)] = ctx.cluster.sql(
+        "SELECT count(*), max((detail->>'latency_ms')::int) FROM broker_oprecord "
+        "WHERE op = 'CHECK' AND at >= %s AND detail->>'error' <> ''",
+        [since],
+    )
+    if not failed:
+        ctx.violations.append("no check met the black hole: the fault did not bite")
+    if (slowest or 0) > limit_ms:
+        ctx.violations.append(f"a check took {slowest} ms, over the timeout ({limit_ms:.0f} ms)")
+
+
+def callback_slow_and_lossy(ctx: Context) -> None:
+    """3 s +- 0.5 s before each check reaches the producer; 10% of connections reset."""
+    host, port = ctx.endpoint_url.split("//")[1].split("/")[0].split(":")
+    proxy = FaultProxy((host, int(port)), seed=11)
+    proxy.delay, proxy.jitter, proxy.reset_share = 3.0, 0.5, 0.1
+    try:
+        ctx.set_check_url(proxy.url + "/check")
+        time.sleep(25 * ctx.scale)
+    finally:
+        ctx.set_check_url(ctx.endpoint_url)
+        proxy.close()
+    if not proxy.connections:
+        ctx.violations.append("no check went through the proxy: the fault did not bite")
+
+
+def web_failpoint(spec: str) -> Callable[[Context], None]:
     """gunicorn restarted with TXHUB_FAILPOINTS armed: its workers die inside the window."""
 
-    def inject(cluster: Cluster, scale: float) -> None:
-        cluster.web_restart(TXHUB_FAILPOINTS=spec)
+    def inject(ctx: Context) -> None:
+        ctx.cluster.web_restart(TXHUB_FAILPOINTS=spec)
         try:
-            time.sleep(15 * scale)
+            time.sleep(15 * ctx.scale)
         finally:
-            cluster.web_restart()
+            ctx.cluster.web_restart()
 
     return inject
 
 
-def celery_failpoint(spec: str) -> Callable[[Cluster, float], None]:
+def celery_failpoint(spec: str) -> Callable[[Context], None]:
     """Celery restarted with TXHUB_FAILPOINTS armed: pool children die inside the window."""
 
-    def inject(cluster: Cluster, scale: float) -> None:
-        cluster.celery_restart(TXHUB_FAILPOINTS=spec)
+    def inject(ctx: Context) -> None:
+        ctx.cluster.celery_restart(TXHUB_FAILPOINTS=spec)
         try:
-            time.sleep(20 * scale)
+            time.sleep(20 * ctx.scale)
         finally:
-            cluster.celery_restart()
+            ctx.cluster.celery_restart()
 
     return inject
 
@@ -133,10 +207,16 @@ CASES = {
         Case("F7", "Postgres stopped -m immediate under load, restarted", crash_postgres),
         Case("F8", "Redis killed without save and restarted empty", redis_lost),
         Case("F9", "Redis paused 15 s (CLIENT PAUSE)", redis_paused),
+        Case(
+            "F10",
+            "callback black-holed (namespace link down; then a listener that never answers)",
+            callback_black_holed,
+        ),
+        Case("F11", "callback slow (3 s +- 0.5 s) and lossy (10% reset)", callback_slow_and_lossy),
         Case("F13", "SIGSTOP of a gunicorn worker for 20 s, then SIGCONT", web_worker_stopped),
     ]
 }
-SHORT = ["F1", "F2", "F3", "F5", "F8"]  # the cases `make test` runs, shortened
+SHORT = ["F1", "F2", "F3", "F5", "F8", "F10"]  # the cases `make test` runs, shortened
 
 
 def run_case(
@@ -150,7 +230,8 @@ def run_case(
         workload.start(producers=4, consumers=2)
         time.sleep(5 * scale)
         started = time.monotonic()
-        case.inject(cluster, scale)
+        context = Context(cluster, scale, workload, endpoint.url)
+        case.inject(context)
         healed = time.monotonic()
         time.sleep(5 * scale)
         workload.stop_producers()
@@ -162,6 +243,7 @@ def run_case(
         endpoint.close()
         history.dump(out / f"history-{case.name}.jsonl")
     report = check(case.name, workload.topic, history, cluster.sql)
+    report.violations = context.violations
     unknown = Counter(op.f for op in history.ops if op.type == "info" and op.f != "receive")
     replayed = sum(1 for op in history.ops if op.result.get("replayed"))
     report.notes.append(

@@ -45,7 +45,7 @@ def intent_of(body: str) -> tuple[str, str | None]:
 class CheckEndpoint:
     """The producer's check URL: answers the decision written in the transaction's body."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.checks = 0
 
         endpoint = self
@@ -65,8 +65,8 @@ class CheckEndpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/check"
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/check"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -247,3 +247,17 @@ class Workload:
                 return
             first = op.index if first is None else first
             time.sleep(0.2)
+
+
+def serve_forever() -> None:
+    """`python -m tests.chaos.workload HOST PORT`: the check endpoint as a process of its own
+    (the black-hole case runs it inside a network namespace)."""
+    import sys
+
+    endpoint = CheckEndpoint(sys.argv[1], int(sys.argv[2]))
+    print(endpoint.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    serve_forever()

@@ -8,7 +8,7 @@ Armed by the environment, read once at import:
 An action is `exit` (the process ends at once, like kill -9: no response, no cleanup),
 `sleep(S)`, or `raise` (an exception, the request fails with a 500); an optional `P%` prefix
 fires it on that share of hits. Unset, every site is `if ARMED:` on a module constant that is
-False: nothing else runs on the hot path (docs/decisions/0014).
+False: nothing else runs on the hot path (docs/decisions/0015).
 """
 
 import os

@@ -45,7 +45,7 @@ def test_baseline_history_is_clean(baseline: tuple[str, History]) -> None:
     assert kinds == {"send", "prepare", "commit", "rollback", "receive", "ack"}
 
 
-@pytest.mark.parametrize("name", ["F2", "F3", "F5", "F8"])
+@pytest.mark.parametrize("name", ["F2", "F3", "F5", "F8", "F10"])
 def test_short_fault_case_finds_no_violation(
     cluster: Cluster, name: str, tmp_path: Path, baseline: tuple[str, History]
 ) -> None:

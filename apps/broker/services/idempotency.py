@@ -1,7 +1,7 @@
 """Idempotent retries (Stripe's `Idempotency-Key`): a producer whose send or prepare timed out
 cannot know whether it was stored; retrying with the same key answers the first answer and stores
 nothing. The key's row is written in the same database transaction as the message, so "stored"
-and "remembered" cannot part (docs/decisions/0015)."""
+and "remembered" cannot part (docs/decisions/0016)."""
 
 import hashlib
 import json

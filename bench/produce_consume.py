@@ -238,6 +238,31 @@ def main() -> None:
     )
     print(f"pgbench, same SQL per message, {args.producers} clients: {tps:8.1f} messages/s")
     print(f"txhub / ceiling:      {100 * http['rate'] / tps:8.1f} %")
+    site_ns = unarmed_failpoint_ns()
+    share = 100 * SITES_PER_MESSAGE * site_ns / (http["cpu_ms_per_message"] * 1e6)
+    print(
+        f"failpoints unarmed:   {site_ns:8.1f} ns per site, {SITES_PER_MESSAGE} sites per message "
+        f"= {share:.5f} % of the server CPU per message"
+    )
+
+
+# prepare (after_half_insert), commit (after_commit_before_answer), ack (after_ack_before_answer)
+SITES_PER_MESSAGE = 3
+
+
+def unarmed_failpoint_ns(calls: int = 2_000_000) -> float:
+    """What a failpoint site costs when TXHUB_FAILPOINTS is unset: the `if failpoints.ARMED:`
+    test, timed against an empty loop (docs/decisions/0015)."""
+    import timeit
+
+    from apps.broker import failpoints
+
+    assert not failpoints.ARMED, "unset TXHUB_FAILPOINTS to measure the unarmed cost"
+    site = timeit.timeit(
+        "if failpoints.ARMED: failpoints.hit('x')", globals={"failpoints": failpoints}, number=calls
+    )
+    empty = timeit.timeit("pass", number=calls)
+    return max(0.0, site - empty) / calls * 1e9
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def start_gunicorn(
         try:
             requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
             return process
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # a busy machine boots slowly
             time.sleep(0.1)
     process.kill()
     raise RuntimeError("gunicorn did not start")

@@ -318,6 +318,11 @@ class QueryIntegerField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+class PageIn(serializers.Serializer[Any]):
+    page = QueryIntegerField(required=False, min_value=1)
+    page_size = QueryIntegerField(required=False, min_value=1, max_value=500)
+
+
 class TransactionListIn(StrictSerializer):
     producer_group = NameField("producer_group", required=False)
     state = serializers.ChoiceField(choices=TransactionState.choices, required=False)

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
@@ -68,6 +68,12 @@ class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        # DRF quietly takes page=&page_size=false as the defaults: a 400 here, like any input.
+        names = (self.page_query_param, self.page_size_query_param)
+        validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k in names})
+        return super().paginate_queryset(queryset, request, view)
+
 
 # Administration ----------------------------------------------------------------------------
 
@@ -87,18 +93,7 @@ class TopicListView(APIView):
 
 
 class TopicDetailView(APIView):
-    @extend_schema(
-        responses={
-            200: inline_serializer(
-                "TopicDetail",
-                {
-                    "name": serializers.CharField(),
-                    "queues": serializers.IntegerField(),
-                    "queue_offsets": serializers.ListField(child=serializers.DictField()),
-                },
-            )
-        }
-    )
+    @extend_schema(responses={200: output.TopicDetailOut})
     def get(self, request: Request, name: str) -> Response:
         require_admin(request)
         topic = selectors.topic_get(name=name)
@@ -108,7 +103,9 @@ class TopicDetailView(APIView):
 
 
 class ProducerGroupListView(APIView):
-    @extend_schema(request=inputs.ProducerGroupIn, responses={201: output.ProducerGroupSecretOut})
+    @extend_schema(
+        request=inputs.ProducerGroupIn, responses={201: output.ProducerGroupSecretOut, 409: None}
+    )
     def post(self, request: Request) -> Response:
         require_admin(request)
         data = validated(inputs.ProducerGroupIn, request.data)
@@ -145,7 +142,9 @@ class ProducerGroupRotateSecretView(APIView):
 
 
 class ConsumerGroupListView(APIView):
-    @extend_schema(request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut})
+    @extend_schema(
+        request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut, 409: None}
+    )
     def post(self, request: Request) -> Response:
         require_admin(request)
         data = validated(inputs.ConsumerGroupIn, request.data)
@@ -162,17 +161,7 @@ class ConsumerGroupListView(APIView):
 class TokenListView(APIView):
     @extend_schema(
         request=inputs.TokenIn,
-        responses={
-            201: inline_serializer(
-                "TokenCreated",
-                {
-                    "id": serializers.IntegerField(),
-                    "name": serializers.CharField(),
-                    "scopes": serializers.ListField(child=serializers.CharField()),
-                    "token": serializers.CharField(help_text="Shown once."),
-                },
-            )
-        },
+        responses={201: output.TokenCreatedOut},
     )
     def post(self, request: Request) -> Response:
         require_admin(request)
@@ -216,6 +205,8 @@ class TopicMessagesView(APIView):
 
 
 class TransactionListView(APIView):
+    pagination_class = Pagination  # for the schema: the GET list is paginated
+
     @extend_schema(request=inputs.TransactionIn, responses={201: output.PreparedOut, **ERRORS})
     def post(self, request: Request) -> Response:
         precheck_large_body(request, "produce")
@@ -316,9 +307,7 @@ class TransactionResumeView(APIView):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(
-        responses={200: inline_serializer("MessageTrace", {"msg_id": serializers.CharField()})}
-    )
+    @extend_schema(responses={200: output.MessageTraceOut})
     def get(self, request: Request, msg_id: str) -> Response:
         trace = selectors.message_trace(
             msg_id=msg_id, producer_groups=token_user(request).groups("produce")
@@ -337,7 +326,7 @@ def consumer_group(request: Request, name: str) -> ConsumerGroup:
 class ReceiveView(APIView):
     @extend_schema(
         request=inputs.ReceiveIn,
-        responses={200: inline_serializer("Received", {"messages": output.ReceivedOut(many=True)})},
+        responses={200: output.ReceivedListOut},
     )
     def post(self, request: Request, group: str) -> Response:
         precheck_large_body(request, "consume", group)
@@ -357,15 +346,7 @@ class ReceiveView(APIView):
 class AckView(APIView):
     @extend_schema(
         request=inputs.AckIn,
-        responses={
-            200: inline_serializer(
-                "AckResult",
-                {
-                    "acked": serializers.ListField(child=serializers.CharField()),
-                    "invalid": serializers.ListField(child=serializers.CharField()),
-                },
-            )
-        },
+        responses={200: output.AckOut},
     )
     def post(self, request: Request, group: str) -> Response:
         precheck_large_body(request, "consume", group)
@@ -386,7 +367,7 @@ class ChangeInvisibleView(APIView):
 
 
 class ConsumerGroupDetailView(APIView):
-    @extend_schema(responses={200: output.ConsumerGroupOut})
+    @extend_schema(responses={200: output.ConsumerGroupDetailOut})
     def get(self, request: Request, group: str) -> Response:
         group_row = consumer_group(request, group)
         data = dict(output.ConsumerGroupOut(group_row).data)
@@ -395,6 +376,8 @@ class ConsumerGroupDetailView(APIView):
 
 
 class DlqListView(APIView):
+    pagination_class = Pagination  # for the schema: the list is paginated
+
     @extend_schema(responses={200: output.DlqEntryOut(many=True)})
     def get(self, request: Request, group: str) -> Response:
         query = selectors.dlq_list(group=consumer_group(request, group))
@@ -414,6 +397,8 @@ class DlqResendView(APIView):
 
 
 class ReconciliationListView(APIView):
+    pagination_class = Pagination  # for the schema: the list is paginated
+
     @extend_schema(responses={200: output.ReconciliationRunOut(many=True), **ERRORS})
     def get(self, request: Request) -> Response:
         """Runs of the nightly reconciliation, newest first, with their counts (admin scope)."""

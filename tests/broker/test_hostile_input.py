@@ -46,7 +46,7 @@ def send_json(client: APIClient, method: str, path: str, payload: Any) -> Any:
     """The payload as JSON with ASCII escapes: a lone surrogate travels as "\\ud800"."""
     compact = (",", ":")
     body = payload if isinstance(payload, str | bytes) else json.dumps(payload, separators=compact)
-    return client.generic(method, path, body, content_type="application/json")
+    return client.generic(method, path, body, content_type="application/json")  # type: ignore[arg-type]
 
 
 def assert_error(response: Any, status: int, code: str | None = None) -> dict[str, Any]:
@@ -379,7 +379,7 @@ OTHER_FIELDS: list[tuple[str, str, str, dict[str, Any], tuple[Any, ...], dict[st
 
 
 def placed(good: dict[str, Any], place: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    payload = json.loads(json.dumps(good))
+    payload: dict[str, Any] = json.loads(json.dumps(good))
     if len(place) == 1:
         payload[place[0]] = value
     elif place[1] is None:  # a dict key

@@ -69,7 +69,7 @@ class StrictListField(serializers.ListField):
             try:
                 result.append(self.child.run_validation(item))
             except serializers.ValidationError as error:
-                raise serializers.ValidationError({index: error.detail}) from None
+                raise serializers.ValidationError({str(index): error.detail}) from None
         return result
 
 

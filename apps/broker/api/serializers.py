@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.validators import URLValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.broker import limits
@@ -129,6 +130,9 @@ class StrictSerializer(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
 
+@extend_schema_field(
+    {"type": "string", "pattern": f"^{limits.NAME_PATTERN}$", "minLength": 1, "maxLength": 127}
+)
 class NameField(StrictCharField):
     def __init__(self, what: str, **kwargs: Any) -> None:
         self.what = what

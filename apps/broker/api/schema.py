@@ -54,7 +54,11 @@ class AutoSchema(SpectacularAutoSchema):
         return responses
 
     def _map_basic_serializer(self, serializer: Any, direction: Any) -> Any:
+        from apps.broker.api.serializers import StrictSerializer
+
         schema = super()._map_basic_serializer(serializer, direction)
+        if direction == "request" and isinstance(serializer, StrictSerializer):
+            schema["additionalProperties"] = False  # unknown fields are a 400
         optional = set(getattr(serializer, "optional_fields", ()))
         if optional and "required" in schema:
             schema["required"] = [name for name in schema["required"] if name not in optional]

@@ -134,7 +134,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["apps.broker.api.parsers.LimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.broker.api.errors.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.broker.api.schema.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 

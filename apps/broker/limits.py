@@ -2,12 +2,27 @@
 serializers, so every limit is checked before anything is stored."""
 
 import re
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,127}$")
+# Patterns are matched whole (re.fullmatch): `^...$` would let "orders\n" through.
+NAME_PATTERN = r"[A-Za-z0-9_-]{1,127}"
+NAME_RE = re.compile(NAME_PATTERN)
+# A message id: txhub makes 32 upper-case hex characters (models.new_msg_id); any ASCII letters
+# and digits that fit the column are looked up (and not found), anything else is not a URL.
+MSG_ID_PATTERN = r"[0-9A-Za-z]{1,32}"
+# A row id in a URL: at most 18 digits, so it always fits Postgres bigint (2^63 - 1).
+ROW_ID_PATTERN = r"[0-9]{1,18}"
 RESERVED_PREFIXES = ("rmq_sys_", "txhub_")
 MAX_TAG_CHARS = 128
+
+# The largest integer any API or console field takes: fits integer columns, timedelta and
+# Postgres bigint arithmetic (68 years in seconds), so no number can overflow downstream.
+MAX_INT = 2**31 - 1
+# Characters Postgres text/jsonb cannot hold (NUL) or psycopg cannot encode (a lone surrogate,
+# which JSON's "\ud800" escape decodes to): refused in every string that reaches the database.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 # RocketMQ's messageDelayLevel, in seconds: 1s 5s 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
 DELAY_LEVEL_SECONDS = (
@@ -40,8 +55,17 @@ class LimitError(ValueError):
         self.too_large = too_large
 
 
+def check_text(value: str) -> str:
+    """The one check for every string the API takes: nothing Postgres cannot store."""
+    if _UNSTORABLE.search(value):
+        raise LimitError(
+            "NUL characters and lone surrogates (unpaired \\uD800-\\uDFFF) are refused."
+        )
+    return value
+
+
 def check_name(value: str, *, what: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise LimitError(f"{what} must match ^[A-Za-z0-9_-]{{1,127}}$.")
     if value.lower().startswith(RESERVED_PREFIXES):
         raise LimitError(f"{what} must not start with a reserved prefix (rmq_sys_, txhub_).")
@@ -95,6 +119,26 @@ def check_scope(value: str) -> str:
     if value == "admin":
         return value
     kind, _, group = value.partition(":")
-    if kind not in {"produce", "consume"} or not NAME_RE.match(group):
+    if kind not in {"produce", "consume"} or not NAME_RE.fullmatch(group):
         raise LimitError("A scope is 'admin', 'produce:<producer group>' or 'consume:<group>'.")
+    return value
+
+
+def check_url(value: str) -> str:
+    """A check URL the callback can actually use: http(s), a host that encodes to IDNA, a port
+    in 1..65535 (Django's URLValidator lets :99999 through; urllib would fail on it later)."""
+    check_text(value)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        raise LimitError("The check URL is not a valid URL (host or port).") from None
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise LimitError("A check URL must be http(s)://host/...")
+    if port == 0:
+        raise LimitError("The check URL's port must be 1..65535.")
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise LimitError("The check URL's host name is not a valid domain name.") from None
     return value

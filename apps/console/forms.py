@@ -21,8 +21,13 @@ class TransactionFilterForm(forms.Form):
     )
     producer_group = forms.CharField(required=False, max_length=127)
     topic = forms.CharField(required=False, max_length=127)
-    older_than_seconds = forms.IntegerField(required=False, min_value=0, label="older than (s)")
-    min_check_times = forms.IntegerField(required=False, min_value=0, label="checked at least")
+    # Bounded like the API's (limits.MAX_INT): a 20-digit number is a form error, not an overflow.
+    older_than_seconds = forms.IntegerField(
+        required=False, min_value=0, max_value=limits.MAX_INT, label="older than (s)"
+    )
+    min_check_times = forms.IntegerField(
+        required=False, min_value=0, max_value=limits.MAX_INT, label="checked at least"
+    )
     query = forms.CharField(
         required=False, max_length=200, label="transaction id, message id or key"
     )
@@ -62,13 +67,22 @@ class TopicForm(forms.Form):
     queues = forms.IntegerField(min_value=1, max_value=256, initial=4)
 
 
+class CheckUrlField(forms.URLField):
+    """Django's URL check plus the API's (limits.check_url: a port in range, a usable host)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            max_length=2048, assume_scheme="https", validators=[_limit(limits.check_url)]
+        )
+
+
 class ProducerGroupForm(forms.Form):
     name = NameField("name")
-    check_url = forms.URLField(max_length=2048, assume_scheme="https")
+    check_url = CheckUrlField()
 
 
 class CheckUrlForm(forms.Form):
-    check_url = forms.URLField(max_length=2048, assume_scheme="https")
+    check_url = CheckUrlField()
 
 
 class ConsumerGroupForm(forms.Form):

@@ -1,7 +1,9 @@
 """Every API error in the contract's one format:
 {"error": {"code": "<snake_case>", "message": "<human sentence>", "details": {...}}}"""
 
+import json
 import logging
+from itertools import islice
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -26,8 +28,51 @@ CODES = {
 }
 
 
+# What one error answer may carry: a few names, short sentences, a few KiB in all. Input is
+# echoed in details (a field name, a choice that was refused); a hostile body must not turn
+# into a 33 MB answer, and a lone surrogate in it must not make the answer unencodable.
+MAX_ERROR_ITEMS = 10
+MAX_ERROR_CHARS = 300
+MAX_ERROR_DEPTH = 3
+MAX_ERROR_BYTES = 4096
+
+
+def _text(value: str) -> str:
+    if len(value) > MAX_ERROR_CHARS:
+        value = value[:MAX_ERROR_CHARS] + "..."
+    # A lone surrogate cannot be encoded as UTF-8: shown as its escape instead.
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return _text(value)
+    if depth >= MAX_ERROR_DEPTH:
+        return "..."
+    if isinstance(value, dict):
+        out = {
+            _text(str(key)): _bounded(item, depth + 1)
+            for key, item in islice(value.items(), MAX_ERROR_ITEMS)
+        }
+        if len(value) > MAX_ERROR_ITEMS:
+            out["..."] = f"{len(value) - MAX_ERROR_ITEMS} more"
+        return out
+    if isinstance(value, list | tuple):
+        items = [_bounded(item, depth + 1) for item in value[:MAX_ERROR_ITEMS]]
+        if len(value) > MAX_ERROR_ITEMS:
+            items.append(f"... {len(value) - MAX_ERROR_ITEMS} more")
+        return items
+    return _text(str(value))
+
+
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details or {}}}
+    """The contract's error envelope, bounded (MAX_ERROR_BYTES) and always encodable."""
+    bounded = _bounded(details or {})
+    if len(json.dumps(bounded)) > MAX_ERROR_BYTES:
+        bounded = {"truncated": True}
+    return {"error": {"code": code, "message": _text(str(message)), "details": bounded}}
 
 
 def _first_message(detail: Any) -> str:
@@ -72,8 +117,6 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         details = {"retry_after": getattr(exc, "wait", None)}
     else:
         message = str(exc.detail)
-    if isinstance(exc, exceptions.ParseError):
-        message = f"The body is not valid JSON: {exc.detail}"
     headers = {}
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         code, exc.status_code = "unauthenticated", 401

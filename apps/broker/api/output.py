@@ -27,6 +27,8 @@ def body_fields(message: HalfMessage | CommitLogEntry) -> dict[str, str]:
 class BodyMixin(serializers.Serializer[Any]):
     """Adds tags and exactly one of body / body_base64: the field the message was sent with."""
 
+    optional_fields = ("body", "body_base64")  # exactly one is present: neither is required
+
     tags = serializers.SerializerMethodField()
     body = serializers.SerializerMethodField(help_text="UTF-8 text, if it was sent as text")
     body_base64 = serializers.SerializerMethodField(help_text="base64 bytes, if sent as bytes")
@@ -163,29 +165,6 @@ class CommitLogPositionOut(serializers.Serializer[Any]):
     stored_at = serializers.DateTimeField()
 
 
-class MessageTraceOut(serializers.Serializer[Any]):
-    """The shape of GET /api/v1/messages/{msg_id} (built by message_trace_out)."""
-
-    msg_id = serializers.CharField()
-    topic = serializers.CharField()
-    producer_group = serializers.CharField()
-    tags = serializers.CharField(allow_null=True)
-    keys = serializers.ListField(child=serializers.CharField())
-    properties = serializers.DictField(child=serializers.CharField())
-    body = serializers.CharField(required=False, help_text="UTF-8 text, if it was sent as text")
-    body_base64 = serializers.CharField(required=False, help_text="base64, if sent as bytes")
-    born_at = serializers.DateTimeField()
-    transaction = TransactionDetailOut(
-        allow_null=True,
-        help_text="null if the message is not transactional or the caller is not its producer",
-    )
-    commit_log = CommitLogPositionOut(allow_null=True, help_text="null until it is visible")
-    delayed_until = serializers.DateTimeField(allow_null=True)
-    deliveries = DeliveryOut(
-        many=True, help_text="Only the consumer groups the caller's token has scopes for."
-    )
-
-
 DT = serializers.DateTimeField()
 
 
@@ -284,3 +263,85 @@ class ReconciliationRunOut(serializers.Serializer[Any]):
 
 class ReconciliationRunDetailOut(ReconciliationRunOut):
     findings = ReconciliationFindingOut(many=True, source="findings.all")
+
+
+# Shapes the views answer as plain dicts: named here so the OpenAPI schema (and the fuzz test
+# that checks every answer against it) describes them field by field.
+
+
+class ErrorInnerOut(serializers.Serializer[Any]):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField()
+
+
+class ErrorOut(serializers.Serializer[Any]):
+    """Every error answer: {"error": {"code", "message", "details"}} (CONTRACT section 3)."""
+
+    error = ErrorInnerOut()
+
+
+class QueueOffsetsOut(serializers.Serializer[Any]):
+    queue_id = serializers.IntegerField()
+    min_offset = serializers.IntegerField()
+    max_offset = serializers.IntegerField()
+
+
+class TopicDetailOut(TopicOut):
+    queue_offsets = QueueOffsetsOut(many=True)
+
+
+class TokenCreatedOut(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    token = serializers.CharField(help_text="Shown once.")
+
+
+class ReceivedListOut(serializers.Serializer[Any]):
+    messages = ReceivedOut(many=True)
+
+
+class AckOut(serializers.Serializer[Any]):
+    acked = serializers.ListField(child=serializers.CharField())
+    invalid = serializers.ListField(child=serializers.CharField())
+
+
+class ConsumerQueueStatusOut(serializers.Serializer[Any]):
+    topic = serializers.CharField()
+    queue_id = serializers.IntegerField()
+    max_offset = serializers.IntegerField()
+    consumer_offset = serializers.IntegerField()
+    ready = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    lag = serializers.IntegerField()
+    dlq = serializers.IntegerField()
+
+
+class ConsumerGroupDetailOut(ConsumerGroupOut):
+    queues = ConsumerQueueStatusOut(many=True)
+
+
+class MessageTraceOut(serializers.Serializer[Any]):
+    """GET /messages/{msg_id}: the shape message_trace_out() answers."""
+
+    optional_fields = ("body", "body_base64")
+
+    msg_id = serializers.CharField()
+    topic = serializers.CharField()
+    producer_group = serializers.CharField()
+    tags = serializers.CharField(allow_null=True)
+    keys = serializers.ListField(child=serializers.CharField())
+    properties = serializers.DictField(child=serializers.CharField())
+    body = serializers.CharField(required=False, help_text="UTF-8 text, if sent as text")
+    body_base64 = serializers.CharField(required=False, help_text="base64, if sent as bytes")
+    born_at = serializers.DateTimeField()
+    transaction = TransactionDetailOut(
+        allow_null=True,
+        help_text="null if the message is not transactional or the caller is not its producer",
+    )
+    commit_log = CommitLogPositionOut(allow_null=True, help_text="null until it is visible")
+    delayed_until = serializers.DateTimeField(allow_null=True)
+    deliveries = DeliveryOut(
+        many=True, help_text="Only the consumer groups the caller's token has scopes for."
+    )

@@ -5,9 +5,13 @@ Inputs are strict: wrong JSON types and unknown fields are refused, never coerce
 
 import base64
 import binascii
-from datetime import datetime
+from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
+from django.conf import settings
+from django.core.validators import URLValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.broker import limits
@@ -17,20 +21,29 @@ from apps.broker.services.registry import MAX_BOUND_TOPICS
 from apps.broker.services.sending import OutgoingMessage
 
 
+def _strict_text(value: str) -> str:
+    try:
+        return limits.check_text(value)
+    except limits.LimitError as error:
+        raise serializers.ValidationError(str(error)) from None
+
+
 class StrictCharField(serializers.CharField):
-    """A JSON string only (DRF's CharField would turn 12 into "12"); never a NUL character,
-    which Postgres text and jsonb cannot hold."""
+    """A JSON string only (DRF's CharField would turn 12 into "12"); never a character Postgres
+    cannot store (NUL, a lone surrogate): limits.check_text, the one check for every string."""
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        if "\x00" in data:
-            raise serializers.ValidationError("NUL characters are not accepted.")
-        return str(super().to_internal_value(data))
+        return str(super().to_internal_value(_strict_text(data)))
 
 
 class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer only: no "4", no 4.5, no true."""
+    """A JSON integer only: no "4", no 4.5, no true; never above limits.MAX_INT."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_value", limits.MAX_INT)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int):
@@ -38,19 +51,89 @@ class StrictIntegerField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+class StrictListField(serializers.ListField):
+    """A JSON list, its length checked before any element (OWASP API4: a 1,000,000-element list
+    costs nothing to refuse), and refused at its first bad element (DRF's ListField validates
+    every element and reports each one)."""
+
+    def __init__(self, *, max_length: int, **kwargs: Any) -> None:
+        super().__init__(max_length=max_length, **kwargs)
+
+    def to_internal_value(self, data: Any) -> list[Any]:
+        if not isinstance(data, list):
+            self.fail("not_a_list", input_type=type(data).__name__)
+        if not self.allow_empty and not data:
+            self.fail("empty")
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        result = []
+        for index, item in enumerate(data):
+            try:
+                result.append(self.child.run_validation(item))
+            except serializers.ValidationError as error:
+                raise serializers.ValidationError({str(index): error.detail}) from None
+        return result
+
+
+class StrictDictField(serializers.DictField):
+    """A JSON object of strings: its size checked first, every key through the same string check
+    as every value (DRF's DictField checks values only), refused at the first bad entry."""
+
+    def __init__(self, *, max_size: int, **kwargs: Any) -> None:
+        self.max_size = max_size
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail("not_a_dict", input_type=type(data).__name__)
+        if len(data) > self.max_size:
+            raise serializers.ValidationError(f"At most {self.max_size} entries are accepted.")
+        result = {}
+        for key, value in data.items():
+            try:
+                limits.check_text(key)
+            except limits.LimitError as error:
+                raise serializers.ValidationError(f"A name: {error}") from None
+            try:
+                result[key] = self.child.run_validation(value)
+            except serializers.ValidationError as error:
+                raise serializers.ValidationError({key: error.detail}) from None
+        return result
+
+
+class UrlField(StrictCharField):
+    """A URL txhub can call: Django's URLValidator and limits.check_url (port, host)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=2048, **kwargs)
+        self.validators.append(URLValidator(schemes=["http", "https"]))
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        try:
+            return limits.check_url(value)
+        except limits.LimitError as error:
+            raise serializers.ValidationError(str(error)) from None
+
+
 class StrictSerializer(serializers.Serializer[Any]):
-    """Refuses fields it does not know, so a typo ("tag", "delay_levle") is an error."""
+    """Refuses fields it does not know, so a typo ("tag", "delay_levle") is an error. A few
+    unknown names are named; a body of 250,000 of them does not become a 12 MB answer."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
+            unknown = set(data) - set(self.fields)
             if unknown:
+                named = sorted(islice(unknown, 10))
                 raise serializers.ValidationError(
-                    {name: ["This field is not part of the API."] for name in unknown}
+                    {name: ["This field is not part of the API."] for name in named}
                 )
         return super().to_internal_value(data)
 
 
+@extend_schema_field(
+    {"type": "string", "pattern": f"^{limits.NAME_PATTERN}$", "minLength": 1, "maxLength": 127}
+)
 class NameField(StrictCharField):
     def __init__(self, what: str, **kwargs: Any) -> None:
         self.what = what
@@ -73,8 +156,12 @@ class MessageIn(StrictSerializer):
     body = _text(required=False, allow_blank=True)
     body_base64 = _text(required=False, allow_blank=True)
     tags = _text(required=False, allow_null=True, allow_blank=True)
-    keys = serializers.ListField(child=_text(), required=False)
-    properties = serializers.DictField(child=_text(allow_blank=True), required=False)
+    # Field-level caps: what could ever fit in TXHUB_MAX_META_BYTES (each entry takes at least
+    # one byte); the contract's own limits (128 properties, 16 KiB) are checked in validate().
+    keys = StrictListField(child=_text(), required=False, max_length=settings.TXHUB_MAX_META_BYTES)
+    properties = StrictDictField(
+        child=_text(allow_blank=True), required=False, max_size=settings.TXHUB_MAX_META_BYTES
+    )
     delay_level = StrictIntegerField(required=False, min_value=1, max_value=18)
     deliver_at = _text(required=False)
 
@@ -87,7 +174,11 @@ class MessageIn(StrictSerializer):
             ) from None
         if parsed.tzinfo is None:
             raise serializers.ValidationError("The time needs a UTC offset, e.g. +00:00 or Z.")
-        return parsed
+        try:
+            # Stored in UTC: an offset near year 1 or 9999 can make a row psycopg cannot read.
+            return parsed.astimezone(UTC)
+        except OverflowError:
+            raise serializers.ValidationError("The time is out of range.") from None
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("body" in attrs) == ("body_base64" in attrs):
@@ -161,11 +252,11 @@ class TopicIn(StrictSerializer):
 
 class ProducerGroupIn(StrictSerializer):
     name = NameField("name")
-    check_url = serializers.URLField(max_length=2048)
+    check_url = UrlField()
 
 
 class ProducerGroupPatchIn(StrictSerializer):
-    check_url = serializers.URLField(max_length=2048)
+    check_url = UrlField()
 
 
 class ConsumerGroupIn(StrictSerializer):
@@ -196,7 +287,7 @@ class TopicBindingsIn(StrictSerializer):
 
 class TokenIn(StrictSerializer):
     name = _text(max_length=127)
-    scopes = serializers.ListField(child=_text(), allow_empty=False, max_length=100)
+    scopes = StrictListField(child=_text(), allow_empty=False, max_length=100)
 
     def validate_scopes(self, value: list[str]) -> list[str]:
         try:
@@ -222,7 +313,7 @@ class ReceiveIn(StrictSerializer):
 
 
 class AckIn(StrictSerializer):
-    receipt_handles = serializers.ListField(
+    receipt_handles = StrictListField(
         child=_text(max_length=200), allow_empty=False, max_length=1000
     )
 
@@ -232,9 +323,30 @@ class ChangeInvisibleIn(StrictSerializer):
     invisible_seconds = StrictIntegerField(min_value=10, max_value=43200)
 
 
+class QueryIntegerField(serializers.IntegerField):
+    """A query-string integer: ASCII digits only (int() also takes "１" and "1_000"), at most
+    limits.MAX_INT, so a 20-digit value is a 400 and not an overflow in a query."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_value", limits.MAX_INT)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        if not isinstance(data, str) or not data.isascii() or not data.isdigit():
+            self.fail("invalid")
+        if len(data) > 12:
+            self.fail("max_value", max_value=self.max_value)
+        return int(super().to_internal_value(data))
+
+
+class PageIn(serializers.Serializer[Any]):
+    page = QueryIntegerField(required=False, min_value=1)
+    page_size = QueryIntegerField(required=False, min_value=1, max_value=500)
+
+
 class TransactionListIn(StrictSerializer):
     producer_group = NameField("producer_group", required=False)
     state = serializers.ChoiceField(choices=TransactionState.choices, required=False)
-    older_than_seconds = serializers.IntegerField(required=False, min_value=0)
-    page = serializers.IntegerField(required=False, min_value=1)
-    page_size = serializers.IntegerField(required=False, min_value=1, max_value=500)
+    older_than_seconds = QueryIntegerField(required=False, min_value=0)
+    page = QueryIntegerField(required=False, min_value=1)
+    page_size = QueryIntegerField(required=False, min_value=1, max_value=500)

@@ -2,6 +2,7 @@
 invisible time, dead-letter queue and resend. At least once per consumer group."""
 
 import random
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -40,11 +41,17 @@ def receipt_handle_of(delivery: Delivery) -> str:
     return f"{delivery.pk}.{delivery.handle_token}"
 
 
+# "<delivery id>.<token>": the id in ASCII digits that fit bigint (isdigit() would take "²"),
+# the token as issued (secrets.token_hex). Anything else is an invalid handle, never a query.
+_HANDLE_RE = re.compile(r"([0-9]{1,19})\.([0-9a-f]{1,32})")
+_MAX_BIGINT = 2**63 - 1
+
+
 def _parse_handle(handle: str) -> tuple[int, str] | None:
-    delivery_id, _, token = handle.partition(".")
-    if not delivery_id.isdigit() or not token:
+    match = _HANDLE_RE.fullmatch(handle)
+    if match is None or int(match[1]) > _MAX_BIGINT:
         return None
-    return int(delivery_id), token
+    return int(match[1]), match[2]
 
 
 def message_receive(

@@ -20,16 +20,24 @@ from apps.broker.services.sending import OutgoingMessage, commit_log_append
 def delivery_time(
     *, delay_level: int | None, deliver_at: datetime | None, start: datetime
 ) -> datetime | None:
-    """When a message becomes visible: `start` + RocketMQ delay level, or an instant. None: now."""
+    """When a message becomes visible: `start` + RocketMQ delay level, or an instant. None: now.
+
+    An instant must lie within `start` +- TXHUB_MAX_DELAY: later is the contract's 400, and a
+    time far in the past (year 1 with an offset) would be stored as a timestamp psycopg cannot
+    read back, which would poison every later read of the row."""
     if delay_level is not None:
         due = start + timedelta(seconds=limits.DELAY_LEVEL_SECONDS[delay_level - 1])
     elif deliver_at is not None:
         due = deliver_at
     else:
         return None
-    if due - start > timedelta(seconds=settings.TXHUB_MAX_DELAY):
-        limit = f"{settings.TXHUB_MAX_DELAY:.0f} s"
+    window = timedelta(seconds=settings.TXHUB_MAX_DELAY)
+    limit = f"{settings.TXHUB_MAX_DELAY:.0f} s"
+    if due - start > window:
         message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) away."
+        raise invalid("deliver_at", message)
+    if start - due > window:
+        message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) in the past."
         raise invalid("deliver_at", message)
     return due if due > start else None  # a time in the past is delivered at once
 

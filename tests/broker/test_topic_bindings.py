@@ -1,6 +1,8 @@
 """Topic bindings (CONTRACT section 6, docs/decisions/0010): a group bound to topics may use only
 those (403 otherwise, before anything is stored); a group bound to none keeps using any topic."""
 
+import json
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -120,14 +122,24 @@ def test_a_bound_group_naming_a_topic_that_does_not_exist_is_403_like_any_other(
 
 
 @pytest.mark.parametrize("topic", ["%00", "a%00b", "x" * 300, "%F0%9F%92%A9", "%ED%A0%80"])
-def test_a_bound_producer_naming_a_malformed_topic_is_403_and_stores_nothing(
+def test_a_bound_producer_naming_a_malformed_topic_is_refused_and_stores_nothing(
     api: APIClient, make_client: Any, names: dict[str, Any], topic: str
 ) -> None:
+    """In the URL a name that cannot exist is no endpoint at all (404, before any view, for
+    every token: it tells nothing about bindings); in the body the binding answers 403."""
     bind(api, "producer", "order-service", ["payments"])
     before = stored()
-    response = send(make_client("produce:order-service"), topic)
-    assert response.status_code == 403
-    assert response.json()["error"]["code"] == "forbidden"
+    producer = make_client("produce:order-service")
+    response = send(producer, topic)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    raw = urllib.parse.unquote(topic, errors="surrogatepass")
+    payload = {"producer_group": "order-service", "topic": raw, "body": "x"}
+    response = producer.generic(
+        "POST", "/api/v1/transactions", json.dumps(payload), content_type="application/json"
+    )
+    assert response.status_code in {400, 403}  # malformed name (400) or outside the binding
+    assert response.json()["error"]["code"] in {"invalid_request", "forbidden"}
     assert stored() == before
 
 

@@ -10,10 +10,15 @@ from typing import Any
 
 import pytest
 from celery import Celery as CeleryApp
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from tests.conftest import BIN, ROOT, db_url_for_tests
 
-TEST_BROKER_URL = f"redis://127.0.0.1:{os.environ.get('TXHUB_REDIS_PORT', '63799')}/1"
+# The Redis (and Postgres) of this checkout's services.sh: tests that stop and restart them use
+# the same environment variables, so they can run against services of their own.
+REDIS_PORT = os.environ.get("TXHUB_REDIS_PORT", "63799")
+TEST_BROKER_URL = f"redis://127.0.0.1:{REDIS_PORT}/1"
 
 # Fast timings for tests; each is the production setting of the same name.
 FAST = {
@@ -76,17 +81,22 @@ class Celery:
         (a cold start takes seconds on a busy machine)."""
         deadline = time.monotonic() + timeout
         names = {self._name_of(worker) for worker in self.workers}
-        control = CeleryApp(broker=TEST_BROKER_URL)
-        try:
-            answered: set[str] = set()
-            while names - answered and time.monotonic() < deadline:
-                for died in [w for w in self.workers if w.poll() is not None]:
-                    raise AssertionError(f"celery worker exited with {died.returncode}")
+        answered: set[str] = set()
+        failure: Exception | None = None
+        while names - answered and time.monotonic() < deadline:
+            for died in [w for w in self.workers if w.poll() is not None]:
+                raise AssertionError(f"celery worker exited with {died.returncode}")
+            control = CeleryApp(broker=TEST_BROKER_URL)
+            try:
                 replies = control.control.ping(destination=sorted(names - answered), timeout=1)
                 answered |= {name for reply in replies for name in reply}
-            assert not names - answered, f"celery workers not ready: {sorted(names - answered)}"
-        finally:
-            control.close()
+            except (OSError, OperationalError, RedisError) as error:
+                failure = error  # Redis itself still coming up (e.g. just restarted): ask again
+                time.sleep(0.2)
+            finally:
+                control.close()
+        missing = sorted(names - answered)
+        assert not missing, f"celery workers not ready: {missing} (last error: {failure!r})"
         if self.beat is None or not self.workers:
             return
         # Beat's first ticks: a task it sent after this point, and a worker that ran one.

@@ -1,6 +1,6 @@
 """The producer's side of a check-back, for tests: a real HTTP server on 127.0.0.1 that answers
 with a decision chosen per transaction, verifies signatures with its own code (not txhub's), and
-records every request."""
+records every request (any method: a followed redirect arrives as a GET)."""
 
 import base64
 import hashlib
@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+Answer = tuple[int, bytes] | tuple[int, bytes, dict[str, str]]
 
 
 def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -25,8 +27,9 @@ def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 class Checker:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
-        # Given the check's JSON body, returns (status, response body bytes).
-        self.decide: Callable[[dict[str, Any]], tuple[int, bytes]] = lambda body: (
+        # Given the check's JSON body, returns (status, response body bytes) or (status, body,
+        # extra response headers), e.g. a redirect's Location.
+        self.decide: Callable[[dict[str, Any]], Answer] = lambda body: (
             200,
             b'{"state": "UNKNOWN"}',
         )
@@ -34,20 +37,26 @@ class Checker:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
-                raw = self.rfile.read(int(self.headers["Content-Length"]))
-                body = json.loads(raw)
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw) if raw else {}
                 checker.requests.append(
                     {
+                        "method": self.command,
+                        "path": self.path,
                         "body": body,
                         "raw": raw,
                         "headers": {k.lower(): v for k, v in self.headers.items()},
                     }
                 )
-                status, answer = checker.decide(body)
+                status, answer, *extra = checker.decide(body)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for name, value in (extra[0] if extra else {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(answer)
+
+            do_GET = do_POST  # noqa: N815 - the http.server API
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -61,7 +70,7 @@ class Checker:
         self.decide = lambda body: (200, json.dumps({"state": state}).encode())
 
     def checks_of(self, transaction_id: str) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["body"]["transaction_id"] == transaction_id]
+        return [r for r in self.requests if r["body"].get("transaction_id") == transaction_id]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -132,10 +132,11 @@ def start_gunicorn(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-            return process
-        except requests.RequestException:  # refused, or too busy starting to answer in time
-            time.sleep(0.1)
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                return process
+        except (requests.ConnectionError, requests.Timeout):  # still booting (a busy machine)
+            pass
+        time.sleep(0.1)
     process.kill()
     raise RuntimeError("gunicorn did not start")
 

@@ -6,6 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import MessageQueue, ProducerGroup
+from tests.helpers import assert_error, expect
 
 
 def test_a_topic_is_created_with_its_queues(api: APIClient) -> None:
@@ -18,43 +19,44 @@ def test_a_topic_is_created_with_its_queues(api: APIClient) -> None:
 
 
 def test_a_topic_that_exists_is_409(api: APIClient) -> None:
-    api.post("/api/v1/topics", {"name": "orders"}, format="json")
+    expect(api.post("/api/v1/topics", {"name": "orders"}, format="json"), 201)
     response = api.post("/api/v1/topics", {"name": "orders", "queues": 8}, format="json")
-    assert response.status_code == 409
-    assert response.json()["error"]["code"] == "conflict"
+    assert_error(response, 409, "conflict")
     assert MessageQueue.objects.filter(topic__name="orders").count() == 4
 
 
 def test_an_unknown_topic_is_404(api: APIClient) -> None:
     response = api.get("/api/v1/topics/nope")
-    assert response.status_code == 404
-    assert response.json()["error"]["code"] == "not_found"
+    assert_error(response, 404, "not_found")
 
 
 def test_a_producer_group_shows_its_secret_once_and_rotates(api: APIClient) -> None:
-    created = api.post(
-        "/api/v1/producer-groups",
-        {"name": "pg", "check_url": "http://127.0.0.1:9000/check"},
-        format="json",
-    ).json()
+    created = expect(
+        api.post(
+            "/api/v1/producer-groups",
+            {"name": "pg", "check_url": "http://127.0.0.1:9000/check"},
+            format="json",
+        ),
+        201,
+    )
     assert created["signing_secret"].startswith("whsec_")
     assert "signing_secret" not in api.get("/api/v1/producer-groups/pg").json()
-    rotated = api.post("/api/v1/producer-groups/pg/rotate-secret").json()
+    rotated = expect(api.post("/api/v1/producer-groups/pg/rotate-secret"), 200)
     assert rotated["signing_secret"] != created["signing_secret"]
     group = ProducerGroup.objects.get(name="pg")
     assert group.previous_signing_secret == created["signing_secret"]
     patched = api.patch(
         "/api/v1/producer-groups/pg", {"check_url": "http://127.0.0.1:9001/tx"}, format="json"
     )
-    assert patched.json()["check_url"] == "http://127.0.0.1:9001/tx"
+    assert expect(patched, 200)["check_url"] == "http://127.0.0.1:9001/tx"
 
 
 def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
-    created = api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json").json()
+    created = expect(api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json"), 201)
     assert created["max_delivery_attempts"] == 16
     assert created["consume_from"] == "first"
     again = api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json")
-    assert again.status_code == 409
+    assert_error(again, 409, "conflict")
 
 
 @pytest.mark.parametrize(
@@ -71,8 +73,7 @@ def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
 )
 def test_a_check_url_to_an_internal_address_is_refused(api: APIClient, url: str) -> None:
     response = api.post("/api/v1/producer-groups", {"name": "pg", "check_url": url}, format="json")
-    assert response.status_code == 400, response.json()
-    assert response.json()["error"]["code"] == "invalid_request"
+    assert_error(response, 400, "invalid_request")
     assert not ProducerGroup.objects.exists()
 
 
@@ -85,4 +86,4 @@ def test_loopback_is_allowed_only_while_configured(api: APIClient, settings: Any
     refused = api.post(
         "/api/v1/producer-groups", {"name": "b", "check_url": "http://127.0.0.1:9/x"}, format="json"
     )
-    assert refused.status_code == 400
+    assert_error(refused, 400, "invalid_request")

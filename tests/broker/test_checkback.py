@@ -2,6 +2,7 @@
 section 4, invariants 2 and 7). The end-to-end runs with real Celery are in tests/e2e/."""
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -64,23 +65,35 @@ def test_a_claim_takes_only_due_prepared_transactions_once(db: None) -> None:
     assert later.pk not in checkback.checkback_claim_due()
 
 
-def test_concurrent_scans_never_claim_the_same_transaction(transactional_db: None) -> None:
+def test_concurrent_scans_never_claim_the_same_transaction(
+    transactional_db: None, settings: Any
+) -> None:
+    # No per-group cap here (it would make the total depend on which scan saw which claim): every
+    # due row must be claimed by exactly one of the four scans.
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 1000
     group, topic = make_group(), registry.topic_create(name="orders", queues=1)
     halves = [prepare(group, topic) for _ in range(200)]
+    not_due = prepare(group, topic)
     make_due(*halves)
-    claims: list[list[int]] = []
+    barrier = threading.Barrier(4)
 
-    def scan() -> None:
-        claims.append(checkback.checkback_claim_due())
-        connection.close()
+    def scan() -> list[int]:
+        try:
+            barrier.wait(timeout=30)  # the four scans start together
+            return checkback.checkback_claim_due()
+        finally:
+            connection.close()
 
-    threads = [threading.Thread(target=scan) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(scan) for _ in range(4)]
+        claims = [future.result(timeout=60) for future in futures]
     claimed = [pk for claim in claims for pk in claim]
-    assert len(claimed) == len(set(claimed))
+    assert len(claimed) == len(set(claimed))  # no overlap
+    assert len(claimed) == len(halves)  # exactly the due count
+    assert set(claimed) == {h.pk for h in halves}
+    assert not_due.pk not in claimed
+    leased = HalfMessage.objects.filter(checking_until__isnull=False)
+    assert set(leased.values_list("pk", flat=True)) == set(claimed)
 
 
 def test_one_slow_group_cannot_take_every_check(db: None, settings: Any) -> None:
@@ -197,7 +210,6 @@ def test_transactions_older_than_the_max_pending_age_are_parked(db: None, settin
         (200, b"COMMIT", "UNKNOWN"),
         (200, b'{"decision": "COMMIT"}', "UNKNOWN"),
         (500, b'{"state": "COMMIT"}', "UNKNOWN"),
-        (302, b'{"state": "COMMIT"}', "UNKNOWN"),
     ],
 )
 def test_only_a_200_with_a_known_state_is_a_decision(
@@ -211,6 +223,41 @@ def test_only_a_200_with_a_known_state_is_a_decision(
     )
     assert outcome.answer == expected
     assert outcome.reached
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_a_redirect_to_an_internal_host_is_not_followed_and_not_a_decision(
+    db: None, checker: Any, status: int
+) -> None:
+    """The check URL answers a redirect to another listener on 127.0.0.1 (an internal host the
+    producer should not make txhub call) that would answer COMMIT: txhub must not go there, and
+    the redirect itself is not a decision."""
+    from tests.checker import Checker
+
+    internal = Checker()
+    try:
+        internal.answer("COMMIT")
+        checker.decide = lambda request: (
+            status,
+            b'{"state": "COMMIT"}',
+            {"Location": internal.url.replace("/check", "/internal")},
+        )
+        group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
+        half = prepare(group, topic)
+        make_due(half)
+        assert checkback.checkback_claim_due() == [half.pk]
+        assert checkback.checkback_run(half_id=half.pk) == "unknown"
+        assert len(checker.requests) == 1  # the check URL was called (the positive control)
+        assert internal.requests == []  # the redirect was not followed
+        half.refresh_from_db()
+        assert (half.state, half.check_times, half.checking_until) == ("PREPARED", 1, None)
+        [check] = OpRecord.objects.filter(half=half, op="CHECK")
+        assert check.detail["answer"] == "UNKNOWN"
+        assert (check.detail["reached"], check.detail["status"]) == (True, status)
+        assert check.detail["applied"] is False
+        assert not OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"]).exists()
+    finally:
+        internal.close()
 
 
 def test_the_check_is_signed_with_the_groups_secret_and_both_during_rotation(

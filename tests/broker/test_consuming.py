@@ -9,6 +9,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from apps.broker.models import Delivery
+from tests.helpers import assert_error, expect
 
 
 def send(
@@ -107,7 +108,7 @@ def test_an_expired_handle_is_invalid_and_never_fails_the_batch(
 
 def test_another_groups_handle_is_invalid(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
-    api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json")
+    expect(api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json"), 201)
     send(api)
     [message] = receive(api)
     assert ack(api, [message["receipt_handle"]], group="audit")["invalid"] == [
@@ -117,7 +118,7 @@ def test_another_groups_handle_is_invalid(api: APIClient, setup_topic: Any) -> N
 
 def test_each_consumer_group_gets_every_message(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
-    api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json")
+    expect(api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json"), 201)
     ids = {send(api, str(i))["msg_id"] for i in range(5)}
     assert {m["msg_id"] for m in receive(api)} == ids
     assert {m["msg_id"] for m in receive(api, group="audit")} == ids
@@ -146,7 +147,7 @@ def test_change_invisible_gives_a_new_handle_and_retires_the_old(
         {"receipt_handle": message["receipt_handle"], "invisible_seconds": 120},
         format="json",
     )
-    assert stale.status_code == 400
+    assert_error(stale, 400, "invalid_request")
 
 
 def test_tag_expression_filters(api: APIClient, setup_topic: Any) -> None:

@@ -18,6 +18,7 @@ from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
 from tests.broker.test_checkback import make_group, prepare, result
 from tests.conftest import ROOT, Server, free_port, start_gunicorn
+from tests.helpers import expect
 
 PRODUCER = Actor(Resolver.PRODUCER, "test")
 
@@ -172,27 +173,32 @@ def test_counters_of_every_gunicorn_worker_are_summed(
     try:
         server = Server(f"http://127.0.0.1:{port}")
         admin = server.token("admin")
-        requests.post(
+        topic = requests.post(
             server.url("/api/v1/topics"),
             json={"name": "orders", "queues": 2},
             headers=admin,
             timeout=10,
         )
-        requests.post(
+        expect(topic, 201)
+        group = requests.post(
             server.url("/api/v1/producer-groups"),
             json={"name": "shop", "check_url": "http://127.0.0.1:9/c"},
             headers=admin,
             timeout=10,
         )
+        expect(group, 201)
         producer = server.token("produce:shop")
         with requests.Session() as session:
             for _ in range(40):
-                prepared = session.post(
-                    server.url("/api/v1/transactions"),
-                    json={"producer_group": "shop", "topic": "orders", "body": "b"},
-                    headers=producer,
-                    timeout=10,
-                ).json()
+                prepared = expect(
+                    session.post(
+                        server.url("/api/v1/transactions"),
+                        json={"producer_group": "shop", "topic": "orders", "body": "b"},
+                        headers=producer,
+                        timeout=10,
+                    ),
+                    201,
+                )
                 session.post(
                     server.url(f"/api/v1/transactions/{prepared['transaction_id']}/commit"),
                     headers=producer,

@@ -4,6 +4,7 @@ concurrently into the same queue."""
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import requests
@@ -38,38 +39,55 @@ def test_a_commit_that_becomes_visible_late_is_not_skipped(transactional_db: Non
     a_has_committed_in_its_transaction = threading.Event()
     received: list[str] = []
 
+    b_started, a_closed = threading.Event(), threading.Event()
+    reads_between: list[int] = []  # reads that began after B's commit began, ended before A's
+
     def slow_commit() -> None:
-        with transaction.atomic():
-            transactions.transaction_commit(transaction_id=first.transaction_id, actor=PRODUCER)
-            a_has_committed_in_its_transaction.set()
-            time.sleep(1.5)  # B and the consumer run while A's transaction is open
-        connection.close()
+        try:
+            with transaction.atomic():
+                transactions.transaction_commit(transaction_id=first.transaction_id, actor=PRODUCER)
+                a_has_committed_in_its_transaction.set()
+                time.sleep(1.5)  # B and the consumer run while A's transaction is open
+            a_closed.set()
+        finally:
+            connection.close()
 
     def fast_commit() -> None:
-        a_has_committed_in_its_transaction.wait()
-        transactions.transaction_commit(transaction_id=second.transaction_id, actor=PRODUCER)
-        connection.close()
+        try:
+            assert a_has_committed_in_its_transaction.wait(timeout=30)
+            b_started.set()
+            transactions.transaction_commit(transaction_id=second.transaction_id, actor=PRODUCER)
+        finally:
+            connection.close()
 
     def consume() -> None:
-        a_has_committed_in_its_transaction.wait()
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline and len(received) < 2:
-            for r in consuming.message_receive(
-                group=ConsumerGroup.objects.get(pk=consumers.pk),
-                topic=topic,
-                max_messages=32,
-                invisible_seconds=60,
-            ):
-                received.append(bytes(r.message.body).decode())
-            time.sleep(0.05)
-        connection.close()
+        try:
+            assert a_has_committed_in_its_transaction.wait(timeout=30)
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline and len(received) < 2:
+                in_window = b_started.is_set() and not a_closed.is_set()
+                for r in consuming.message_receive(
+                    group=ConsumerGroup.objects.get(pk=consumers.pk),
+                    topic=topic,
+                    max_messages=32,
+                    invisible_seconds=60,
+                ):
+                    received.append(bytes(r.message.body).decode())
+                if in_window and not a_closed.is_set():
+                    reads_between.append(len(received))
+                time.sleep(0.05)
+        finally:
+            connection.close()
 
-    threads = [threading.Thread(target=f) for f in (slow_commit, fast_commit, consume)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(f) for f in (slow_commit, fast_commit, consume)]
+        for future in futures:
+            future.result(timeout=60)  # an assert failing in a thread fails the test
     assert received == ["A", "B"]
+    # The positive control: the consumer did read while B was committing and A was still open
+    # (and got nothing then: whatever B gets comes after A's open offset 0).
+    assert reads_between
+    assert set(reads_between) == {0}
 
 
 def test_concurrent_producers_and_held_transactions_lose_no_offset(server: Server) -> None:
@@ -95,19 +113,21 @@ def test_concurrent_producers_and_held_transactions_lose_no_offset(server: Serve
         session = requests.Session()
         rng = random.Random(worker)  # noqa: S311
         for i in range(15):
-            tx = session.post(
+            prepared = session.post(
                 server.url("/api/v1/transactions"),
                 headers=producer,
                 timeout=30,
                 json={"producer_group": "shop", "topic": "ledger", "body": f"{worker}-{i}"},
-            ).json()
+            )
+            assert prepared.status_code == 201, prepared.text
+            tx = prepared.json()
             time.sleep(rng.random() * 0.05)  # some transactions stay open while others commit
             resolved = session.post(
                 server.url(f"/api/v1/transactions/{tx['transaction_id']}/commit"),
                 headers=producer,
                 timeout=30,
             )
-            assert resolved.status_code == 200
+            assert resolved.status_code == 200, resolved.text
             with lock:
                 committed.append(tx["msg_id"])
 
@@ -115,32 +135,40 @@ def test_concurrent_producers_and_held_transactions_lose_no_offset(server: Serve
         session = requests.Session()
         idle_after_done = 0
         while idle_after_done < 3:
-            batch = session.post(
+            answer = session.post(
                 server.url("/api/v1/consumer-groups/audit/receive"),
                 headers=consumer,
                 json={"topic": "ledger", "max_messages": 32},
                 timeout=30,
-            ).json()["messages"]
+            )
+            assert answer.status_code == 200, answer.text
+            batch = answer.json()["messages"]
             for message in batch:
+                assert message["msg_id"] not in received  # acked: never handed out again
                 received[message["msg_id"]] = message["queue_offset"]
             if batch:
-                session.post(
+                handles = [m["receipt_handle"] for m in batch]
+                acked = session.post(
                     server.url("/api/v1/consumer-groups/audit/ack"),
                     headers=consumer,
                     timeout=30,
-                    json={"receipt_handles": [m["receipt_handle"] for m in batch]},
+                    json={"receipt_handles": handles},
                 )
+                assert acked.status_code == 200, acked.text
+                assert sorted(acked.json()["acked"]) == sorted(handles)
+                assert acked.json()["invalid"] == []
             elif producers_done.is_set():
                 idle_after_done += 1
 
-    threads = [threading.Thread(target=produce, args=(w,)) for w in range(6)]
-    reader = threading.Thread(target=consume)
-    reader.start()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    producers_done.set()
-    reader.join(timeout=60)
+    with ThreadPoolExecutor(7) as pool:
+        reader = pool.submit(consume)
+        try:
+            producers = [pool.submit(produce, w) for w in range(6)]
+            for future in producers:
+                future.result(timeout=120)  # a failed assert in a producer fails the test
+        finally:
+            producers_done.set()  # also on failure, so the reader ends and the pool can close
+        reader.result(timeout=120)
+    assert len(committed) == 6 * 15
     assert set(received) == set(committed)
     assert sorted(received.values()) == list(range(len(committed)))

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from apps.broker import tasks
 from apps.broker.models import ReconciliationFinding, ReconciliationRun, RunStatus
 from tests.console.test_console_views import login
+from tests.helpers import assert_error, expect
 
 
 @pytest.fixture
@@ -39,14 +40,14 @@ def run(db: None) -> ReconciliationRun:
 
 
 def test_runs_are_listed_newest_first_for_admins(run: ReconciliationRun, api: APIClient) -> None:
-    body = api.get("/api/v1/reconciliations").json()
+    body = expect(api.get("/api/v1/reconciliations"), 200)
     assert [r["id"] for r in body["results"]][0] == run.pk
     assert body["results"][0]["status"] == "FINDINGS"
     assert body["results"][0]["counts"]["findings"] == 1
 
 
 def test_a_run_shows_its_findings(run: ReconciliationRun, api: APIClient) -> None:
-    body = api.get(f"/api/v1/reconciliations/{run.pk}").json()
+    body = expect(api.get(f"/api/v1/reconciliations/{run.pk}"), 200)
     assert body["findings"] == [
         {
             "kind": "LOST_COMMIT",
@@ -58,17 +59,16 @@ def test_a_run_shows_its_findings(run: ReconciliationRun, api: APIClient) -> Non
         }
     ]
     missing = api.get("/api/v1/reconciliations/999999")
-    assert missing.status_code == 404
-    assert missing.json()["error"]["code"] == "not_found"
+    assert_error(missing, 404, "not_found")
 
 
 def test_reconciliations_need_the_admin_scope(
     run: ReconciliationRun, make_client: Callable[..., APIClient]
 ) -> None:
     producer = make_client("produce:shop")
-    assert producer.get("/api/v1/reconciliations").status_code == 403
-    assert producer.get(f"/api/v1/reconciliations/{run.pk}").status_code == 403
-    assert APIClient().get("/api/v1/reconciliations").status_code == 401
+    assert_error(producer.get("/api/v1/reconciliations"), 403, "forbidden")
+    assert_error(producer.get(f"/api/v1/reconciliations/{run.pk}"), 403, "forbidden")
+    assert_error(APIClient().get("/api/v1/reconciliations"), 401, "unauthenticated")
 
 
 def test_the_console_lists_runs_and_links_findings_to_transactions(

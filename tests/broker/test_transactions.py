@@ -8,6 +8,7 @@ from rest_framework.test import APIClient
 from apps.broker.models import CommitLogEntry, OpRecord, Resolver
 from apps.broker.services import transactions
 from apps.broker.services.transactions import Actor
+from tests.helpers import assert_error, expect
 
 
 def prepare(api: APIClient, names: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -81,8 +82,8 @@ def test_a_binary_body_comes_back_as_base64(api: APIClient, setup_topic: Any) ->
         {"producer_group": names["producer"], "topic": names["topic"], "body_base64": "AP8A/w=="},
         format="json",
     )
-    tx = response.json()
-    api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
+    tx = expect(response, 201)
+    expect(api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200)
     [message] = receive(api, names)
     assert message["body_base64"] == "AP8A/w=="
     assert "body" not in message
@@ -92,6 +93,7 @@ def test_repeating_a_commit_answers_the_same(api: APIClient, setup_topic: Any) -
     names = setup_topic()
     tx = prepare(api, names)
     first = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
+    assert first.status_code == 200
     again = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
     assert again.status_code == 200
     assert again.json() == first.json()
@@ -104,12 +106,11 @@ def test_rollback_after_commit_is_refused_and_changes_nothing(
 ) -> None:
     names = setup_topic()
     tx = prepare(api, names)
-    api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
+    expect(api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200)
     response = api.post(f"/api/v1/transactions/{tx['transaction_id']}/rollback", format="json")
-    assert response.status_code == 409
-    assert response.json()["error"]["code"] == "transaction_resolved"
-    assert response.json()["error"]["details"]["state"] == "COMMITTED"
-    detail = api.get(f"/api/v1/transactions/{tx['transaction_id']}").json()
+    error = assert_error(response, 409, "transaction_resolved")
+    assert error["details"]["state"] == "COMMITTED"
+    detail = expect(api.get(f"/api/v1/transactions/{tx['transaction_id']}"), 200)
     assert detail["state"] == "COMMITTED"
     assert [h["op"] for h in detail["history"]] == ["PREPARE", "COMMIT"]
 
@@ -124,10 +125,9 @@ def test_commit_after_rollback_is_refused(api: APIClient, setup_topic: Any) -> N
     assert rolled.json()["state"] == "ROLLED_BACK"
     assert rolled.json()["queue_offset"] is None
     again = api.post(f"/api/v1/transactions/{tx['transaction_id']}/rollback", format="json")
-    assert again.json() == rolled.json()
+    assert expect(again, 200) == rolled.json()
     refused = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
-    assert refused.status_code == 409
-    assert refused.json()["error"]["details"]["state"] == "ROLLED_BACK"
+    assert assert_error(refused, 409, "transaction_resolved")["details"]["state"] == "ROLLED_BACK"
     assert receive(api, names) == []
     assert CommitLogEntry.objects.count() == 0
 
@@ -135,12 +135,13 @@ def test_commit_after_rollback_is_refused(api: APIClient, setup_topic: Any) -> N
 def test_history_keeps_who_decided_and_why(api: APIClient, setup_topic: Any) -> None:
     names = setup_topic()
     tx = prepare(api, names)
-    api.post(
+    rolled = api.post(
         f"/api/v1/transactions/{tx['transaction_id']}/rollback",
         {"reason": "out of stock"},
         format="json",
     )
-    history = api.get(f"/api/v1/transactions/{tx['transaction_id']}").json()["history"]
+    expect(rolled, 200)
+    history = expect(api.get(f"/api/v1/transactions/{tx['transaction_id']}"), 200)["history"]
     assert [(h["op"], h["source"], h["reason"]) for h in history] == [
         ("PREPARE", "PRODUCER", ""),
         ("ROLLBACK", "PRODUCER", "out of stock"),
@@ -164,8 +165,7 @@ def test_a_parked_transaction_is_resumed_with_its_check_count_reset(
     assert response.json()["check_times"] == 0
     assert [h["op"] for h in response.json()["history"]] == ["PREPARE", "PARK", "RESUME"]
     again = api.post(f"/api/v1/transactions/{tx['transaction_id']}/resume", format="json")
-    assert again.status_code == 409
-    assert again.json()["error"]["details"]["state"] == "PREPARED"
+    assert assert_error(again, 409, "conflict")["details"]["state"] == "PREPARED"
 
 
 def test_a_parked_transaction_can_still_be_committed(api: APIClient, setup_topic: Any) -> None:
@@ -175,7 +175,7 @@ def test_a_parked_transaction_can_still_be_committed(api: APIClient, setup_topic
         transaction_id=tx["transaction_id"], actor=Actor(Resolver.SYSTEM), reason="gave up"
     )
     response = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
-    assert response.json()["state"] == "COMMITTED"
+    assert expect(response, 200)["state"] == "COMMITTED"
     assert len(receive(api, names)) == 1
 
 
@@ -184,14 +184,14 @@ def test_resume_needs_the_admin_scope(make_client: Any, api: APIClient, setup_to
     tx = prepare(api, names)
     producer = make_client(f"produce:{names['producer']}")
     response = producer.post(f"/api/v1/transactions/{tx['transaction_id']}/resume", format="json")
-    assert response.status_code == 403
+    assert_error(response, 403, "forbidden")
 
 
 def test_list_filters_by_state_and_age(api: APIClient, setup_topic: Any) -> None:
     names = setup_topic()
     pending = prepare(api, names)
     done = prepare(api, names)
-    api.post(f"/api/v1/transactions/{done['transaction_id']}/commit", format="json")
+    expect(api.post(f"/api/v1/transactions/{done['transaction_id']}/commit", format="json"), 200)
     page = api.get(
         "/api/v1/transactions", {"producer_group": names["producer"], "state": "PREPARED"}
     )
@@ -213,7 +213,7 @@ def test_message_lookup_traces_half_ops_position_and_deliveries(
     half_only = api.get(f"/api/v1/messages/{tx['msg_id']}").json()
     assert half_only["transaction"]["state"] == "PREPARED"
     assert half_only["commit_log"] is None
-    api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
+    expect(api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200)
     [message] = receive(api, names)
     trace = api.get(f"/api/v1/messages/{tx['msg_id']}").json()
     assert [h["op"] for h in trace["transaction"]["history"]] == ["PREPARE", "COMMIT"]
@@ -232,7 +232,7 @@ def test_one_final_op_per_transaction_is_enforced_by_the_database(
 
     names = setup_topic()
     tx = prepare(api, names)
-    api.post(f"/api/v1/transactions/{tx['transaction_id']}/{outcome}", format="json")
+    expect(api.post(f"/api/v1/transactions/{tx['transaction_id']}/{outcome}", format="json"), 200)
     half_id = OpRecord.objects.get(op="PREPARE").half_id
     with pytest.raises(IntegrityError), transaction.atomic():
         OpRecord.objects.create(half_id=half_id, op="ROLLBACK", source="SYSTEM")

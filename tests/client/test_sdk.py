@@ -5,6 +5,7 @@ import json
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from txhub_client import (
 from apps.broker.models import HalfMessage
 from apps.broker.services import checkback
 from tests.conftest import Server, db_url_for_tests
+from tests.helpers import expect
 
 
 @pytest.fixture
@@ -38,12 +40,15 @@ def shop(server: Server) -> dict[str, Any]:
     admin = server.token("admin")
     s = requests.Session()
     s.headers.update(admin)
-    s.post(server.url("/api/v1/topics"), json={"name": "orders", "queues": 2})
-    group = s.post(
-        server.url("/api/v1/producer-groups"),
-        json={"name": "shop", "check_url": "http://127.0.0.1:9/"},
-    ).json()
-    s.post(server.url("/api/v1/consumer-groups"), json={"name": "billing"})
+    expect(s.post(server.url("/api/v1/topics"), json={"name": "orders", "queues": 2}), 201)
+    group = expect(
+        s.post(
+            server.url("/api/v1/producer-groups"),
+            json={"name": "shop", "check_url": "http://127.0.0.1:9/"},
+        ),
+        201,
+    )
+    expect(s.post(server.url("/api/v1/consumer-groups"), json={"name": "billing"}), 201)
     token = server.token("produce:shop", "consume:billing")["Authorization"].split()[1]
     return {"url": server.base, "token": token, "secret": group["signing_secret"]}
 
@@ -125,12 +130,13 @@ def test_errors_come_back_as_txhub_errors(shop: Any) -> None:
 def test_simple_consumer_acks_after_the_handler_and_not_when_it_fails(
     shop: Any, server: Server
 ) -> None:
-    requests.post(
+    topic = requests.post(
         server.url("/api/v1/topics"),
         json={"name": "single", "queues": 1},
         headers=server.token("admin"),
         timeout=10,
     )
+    expect(topic, 201)
     producer = Producer(shop["url"], shop["token"], "shop")
     for body in ("fail", "ok"):
         producer.send(Message("single", body))
@@ -145,11 +151,14 @@ def test_simple_consumer_acks_after_the_handler_and_not_when_it_fails(
     acked = [m.body for m in itertools.islice(c.messages(handler, wait_seconds=1), 1)]
     assert acked == ["ok"]
     assert handled == ["fail", "ok"]
-    status = requests.get(
-        f"{shop['url']}/api/v1/consumer-groups/billing",
-        headers={"Authorization": f"Bearer {shop['token']}"},
-        timeout=10,
-    ).json()
+    status = expect(
+        requests.get(
+            f"{shop['url']}/api/v1/consumer-groups/billing",
+            headers={"Authorization": f"Bearer {shop['token']}"},
+            timeout=10,
+        ),
+        200,
+    )
     assert sum(q["in_flight"] for q in status["queues"]) == 1  # "fail" waits to come back
 
 
@@ -299,14 +308,27 @@ def test_the_barrier_check_waits_for_a_running_local_transaction_on_postgres(
     barrier.create_table(local)
     barrier.record_commit(local, "tx-running")  # inside the still-open local transaction
     answers: list[str] = []
-    thread = threading.Thread(
-        target=lambda: answers.append(barrier.check(checker_conn, "tx-running"))
-    )
-    thread.start()
-    time.sleep(0.5)
-    assert answers == []  # the check waits on the row the local transaction holds
-    local.commit()
-    thread.join(timeout=10)
+    checker_pid = checker_conn.info.backend_pid
+
+    def waiting_on_a_lock() -> bool:
+        with psycopg.connect(db_url_for_tests()) as watcher:
+            row = watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (checker_pid,)
+            ).fetchone()
+        return row is not None and row[0] == "Lock"
+
+    with ThreadPoolExecutor(1) as pool:
+        check = pool.submit(lambda: answers.append(barrier.check(checker_conn, "tx-running")))
+        # The positive control: the check has reached Postgres and waits there on a lock (the
+        # row the local transaction holds), rather than not having run yet.
+        deadline = time.monotonic() + 30
+        while not waiting_on_a_lock() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting_on_a_lock()
+        assert answers == []  # the check waits on the row the local transaction holds
+        assert not check.done()
+        local.commit()
+        check.result(timeout=10)
     assert answers == ["COMMIT"]
     local.cursor().execute("DROP TABLE txhub_barrier")
     local.commit()

@@ -33,7 +33,8 @@ def test_bulk_rollback_asks_a_reason_then_records_it(db: None) -> None:
     assert asked.status_code == 200
     assert "reason" in asked.content.decode()
     assert HalfMessage.objects.filter(state="PREPARED").count() == 2
-    client.post(url, {**selected, "apply": "1", "reason": "bad batch"})
+    applied = client.post(url, {**selected, "apply": "1", "reason": "bad batch"})
+    assert applied.status_code == 302  # back to the list, as Django's admin does after an action
     assert HalfMessage.objects.filter(state="ROLLED_BACK", resolved_by="OPERATOR").count() == 2
     ops = OpRecord.objects.filter(op="ROLLBACK")
     assert {(o.actor, o.reason) for o in ops} == {("root", "bad batch")}
@@ -48,10 +49,14 @@ def test_a_staff_viewer_cannot_act_from_the_admin(db: None) -> None:
     user.user_permissions.add(Permission.objects.get(codename="view_halfmessage"))
     client = Client()
     client.force_login(user)
-    client.post(
+    refused = client.post(
         "/admin/broker/halfmessage/",
         {"action": "commit_selected", "_selected_action": [half.pk], "apply": "1", "reason": "x"},
     )
+    # Back to the list, told why nothing was done.
+    assert refused.status_code == 302
+    listing = client.get(refused["Location"])
+    assert "Only txhub operators can act." in listing.content.decode()
     assert HalfMessage.objects.get(pk=half.pk).state == "PREPARED"
 
 
@@ -61,7 +66,11 @@ def test_op_records_are_read_only_in_the_admin(db: None) -> None:
     client.force_login(User.objects.create_superuser("root", password="pw-12345678"))
     op = OpRecord.objects.get(half=half)
     assert client.get(f"/admin/broker/oprecord/{op.pk}/change/").status_code == 200  # view only
-    client.post(f"/admin/broker/oprecord/{op.pk}/change/", {"op": "COMMIT"})
-    client.post(f"/admin/broker/oprecord/{op.pk}/delete/", {"post": "yes"})
+    assert (
+        client.post(f"/admin/broker/oprecord/{op.pk}/change/", {"op": "COMMIT"}).status_code == 403
+    )
+    assert (
+        client.post(f"/admin/broker/oprecord/{op.pk}/delete/", {"post": "yes"}).status_code == 403
+    )
     assert OpRecord.objects.get(pk=op.pk).op == "PREPARE"
     assert client.get("/admin/broker/halfmessage/").status_code == 200

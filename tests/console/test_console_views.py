@@ -110,9 +110,10 @@ def test_acting_on_a_resolved_transaction_answers_with_a_message_not_an_error(
 def test_a_parked_transaction_is_resumed_by_an_operator(half: HalfMessage) -> None:
     transactions.transaction_park(transaction_id=half.transaction_id, actor=PRODUCER, reason="test")
     admin = login("superuser", "root")
-    admin.post(
+    resumed = admin.post(
         f"/console/transactions/{half.transaction_id}/resume/", {"reason": "fixed", "confirm": "on"}
     )
+    assert resumed.status_code == 302
     half.refresh_from_db()
     assert half.state == "PREPARED"
     assert half.ops.last().actor == "root"  # type: ignore[union-attr]

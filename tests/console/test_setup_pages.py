@@ -192,7 +192,8 @@ def test_an_operator_resends_from_the_dead_letter_queue(setup: dict[str, Any]) -
     page = otto.get("/console/consumer-groups/billing/").content.decode()
     assert sent.msg_id in page
     assert "Resend" in page
-    otto.post(f"/console/consumer-groups/billing/dlq/{sent.msg_id}/resend/")
+    resent = otto.post(f"/console/consumer-groups/billing/dlq/{sent.msg_id}/resend/")
+    assert resent.status_code == 302
     assert Delivery.objects.get().state != DeliveryState.DLQ
 
 

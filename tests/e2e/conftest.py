@@ -1,5 +1,7 @@
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -7,10 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery as CeleryApp
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from tests.conftest import BIN, ROOT, db_url_for_tests
 
-TEST_BROKER_URL = f"redis://127.0.0.1:{os.environ.get('TXHUB_REDIS_PORT', '63799')}/1"
+# The Redis (and Postgres) of this checkout's services.sh: tests that stop and restart them use
+# the same environment variables, so they can run against services of their own.
+REDIS_PORT = os.environ.get("TXHUB_REDIS_PORT", "63799")
+TEST_BROKER_URL = f"redis://127.0.0.1:{REDIS_PORT}/1"
 
 # Fast timings for tests; each is the production setting of the same name.
 FAST = {
@@ -67,6 +75,51 @@ class Celery:
     def start_beat(self) -> None:
         self.beat = self._spawn("beat", "--schedule", str(self.tmp / "beat-schedule"))
 
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Returns once every worker answers a ping and, with a beat, once beat has sent a task
+        that a worker then ran: tests time things from here, not from a process still booting
+        (a cold start takes seconds on a busy machine)."""
+        deadline = time.monotonic() + timeout
+        names = {self._name_of(worker) for worker in self.workers}
+        answered: set[str] = set()
+        failure: Exception | None = None
+        while names - answered and time.monotonic() < deadline:
+            for died in [w for w in self.workers if w.poll() is not None]:
+                raise AssertionError(f"celery worker exited with {died.returncode}")
+            control = CeleryApp(broker=TEST_BROKER_URL)
+            try:
+                replies = control.control.ping(destination=sorted(names - answered), timeout=1)
+                answered |= {name for reply in replies for name in reply}
+            except (OSError, OperationalError, RedisError) as error:
+                failure = error  # Redis itself still coming up (e.g. just restarted): ask again
+                time.sleep(0.2)
+            finally:
+                control.close()
+        missing = sorted(names - answered)
+        assert not missing, f"celery workers not ready: {missing} (last error: {failure!r})"
+        if self.beat is None or not self.workers:
+            return
+        # Beat's first ticks: a task it sent after this point, and a worker that ran one.
+        log_path = Path(self.log.name)
+        start = log_path.stat().st_size
+        ticked = re.compile(r"Scheduler: Sending due task")
+        ran = re.compile(r"Task apps\.broker\.tasks\.\w+\[[^\]]+\] succeeded")
+        while time.monotonic() < deadline:
+            assert self.beat.poll() is None, f"celery beat exited with {self.beat.returncode}"
+            with log_path.open("rb") as log:
+                log.seek(start)
+                text = log.read().decode(errors="replace")
+            sent_at = ticked.search(text)
+            if sent_at and ran.search(text, sent_at.end()):
+                return
+            time.sleep(0.1)
+        raise AssertionError("celery beat did not tick, or no worker ran its task, in time")
+
+    @staticmethod
+    def _name_of(worker: subprocess.Popen[bytes]) -> str:
+        args = [str(arg) for arg in worker.args]  # type: ignore[union-attr]
+        return args[args.index("-n") + 1].replace("%h", socket.gethostname())
+
     def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
         """SIGKILL the worker and its pool processes: a crash, not a shutdown."""
         os.killpg(worker.pid, signal.SIGKILL)
@@ -98,6 +151,7 @@ def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
         if beat:
             celery.start_beat()
         started.append(celery)
+        celery.wait_ready()
         return celery
 
     yield start

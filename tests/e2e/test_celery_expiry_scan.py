@@ -17,14 +17,16 @@ def test_beat_and_worker_move_an_exhausted_message_to_the_dlq(
     celery_processes: None, api: APIClient, setup_topic: Any
 ) -> None:
     setup_topic(max_delivery_attempts=1)
-    api.post(
+    sent = api.post(
         "/api/v1/topics/orders/messages",
         {"producer_group": "order-service", "body": "x"},
         format="json",
     )
+    assert sent.status_code == 201, sent.json()
     response = api.post(
         "/api/v1/consumer-groups/billing/receive", {"topic": "orders"}, format="json"
     )
+    assert response.status_code == 200, response.json()
     assert len(response.json()["messages"]) == 1
     with connection.cursor() as cursor:  # its invisible time passes, and nobody receives again
         cursor.execute("UPDATE broker_delivery SET invisible_until = now() - interval '1 second'")

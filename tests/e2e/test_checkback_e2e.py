@@ -9,17 +9,21 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord
 from tests.e2e.conftest import wait_until
+from tests.helpers import expect
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def shop(api: APIClient, checker: Any) -> dict[str, Any]:
-    api.post("/api/v1/topics", {"name": "orders", "queues": 2}, format="json")
-    group = api.post(
-        "/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json"
-    ).json()
-    api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json")
+    expect(api.post("/api/v1/topics", {"name": "orders", "queues": 2}, format="json"), 201)
+    group = expect(
+        api.post(
+            "/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json"
+        ),
+        201,
+    )
+    expect(api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json"), 201)
     return {"secret": group["signing_secret"]}
 
 
@@ -39,11 +43,14 @@ def state(transaction_id: str) -> str:
 
 def received_bodies(api: APIClient) -> list[str]:
     bodies: list[str] = []
-    while batch := api.post(
-        "/api/v1/consumer-groups/billing/receive",
-        {"topic": "orders", "max_messages": 32},
-        format="json",
-    ).json()["messages"]:
+    while batch := expect(
+        api.post(
+            "/api/v1/consumer-groups/billing/receive",
+            {"topic": "orders", "max_messages": 32},
+            format="json",
+        ),
+        200,
+    )["messages"]:
         bodies += [m["body"] for m in batch]
     return sorted(bodies)
 
@@ -62,7 +69,7 @@ def test_checker_commit_delivers_and_checker_rollback_never_does(
             and state(no["transaction_id"]) == "ROLLED_BACK"
         )
     )
-    detail = api.get(f"/api/v1/transactions/{yes['transaction_id']}").json()
+    detail = expect(api.get(f"/api/v1/transactions/{yes['transaction_id']}"), 200)
     assert detail["resolved_by"] == "CHECK_BACK"
     assert [h["op"] for h in detail["history"]] == ["PREPARE", "CHECK", "COMMIT"]
     assert detail["history"][1]["detail"]["answer"] == "COMMIT"
@@ -97,15 +104,19 @@ def test_unknown_forever_parks_after_check_max_and_resume_checks_again(
     tx = prepare(api)
     assert wait_until(lambda: state(tx["transaction_id"]) == "PARKED", timeout=30)
     assert len(checker.checks_of(tx["transaction_id"])) == 3  # TXHUB_CHECK_MAX in these tests
-    time.sleep(2)
+    # The positive control: a transaction prepared now is checked twice (two check intervals of
+    # scans) in the window in which the parked one must get none.
+    control = prepare(api, "control")
+    assert wait_until(lambda: len(checker.checks_of(control["transaction_id"])) >= 2, timeout=30)
     assert len(checker.checks_of(tx["transaction_id"])) == 3  # parked: no more checks
-    resumed = api.post(f"/api/v1/transactions/{tx['transaction_id']}/resume", format="json").json()
+    resumed = expect(
+        api.post(f"/api/v1/transactions/{tx['transaction_id']}/resume", format="json"), 200
+    )
     assert resumed["check_times"] == 0
     checker.answer("COMMIT")
     assert wait_until(lambda: state(tx["transaction_id"]) == "COMMITTED")
-    ops = [
-        h["op"] for h in api.get(f"/api/v1/transactions/{tx['transaction_id']}").json()["history"]
-    ]
+    detail = expect(api.get(f"/api/v1/transactions/{tx['transaction_id']}"), 200)
+    ops = [h["op"] for h in detail["history"]]
     assert ops == ["PREPARE", "CHECK", "CHECK", "CHECK", "PARK", "RESUME", "CHECK", "COMMIT"]
 
 
@@ -126,8 +137,13 @@ def test_no_check_is_sent_after_the_producer_resolved(
 ) -> None:
     checker.answer("ROLLBACK")
     tx = prepare(api, "mine")
-    api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json")
+    # The positive control, prepared just after: due no sooner than "mine" would have been, so
+    # once it has been checked, a scan has passed over "mine"'s due time.
+    control = prepare(api, "control")
+    expect(api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200)
     time.sleep(4)  # timeout 1 s, scans every 0.5 s
+    assert wait_until(lambda: state(control["transaction_id"]) == "ROLLED_BACK", timeout=30)
+    assert len(checker.checks_of(control["transaction_id"])) == 1
     assert checker.checks_of(tx["transaction_id"]) == []
     assert state(tx["transaction_id"]) == "COMMITTED"
 
@@ -148,12 +164,13 @@ def test_an_unreachable_checker_is_retried_without_using_the_budget(
     start_celery: Any, api: APIClient
 ) -> None:
     start_celery()
-    api.post("/api/v1/topics", {"name": "orders", "queues": 1}, format="json")
-    api.post(
+    expect(api.post("/api/v1/topics", {"name": "orders", "queues": 1}, format="json"), 201)
+    group = api.post(
         "/api/v1/producer-groups",
         {"name": "shop", "check_url": "http://127.0.0.1:9/nobody"},
         format="json",
     )
+    expect(group, 201)
     tx = prepare(api)
     assert wait_until(
         lambda: (

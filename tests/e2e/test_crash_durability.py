@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import requests
+from django.conf import settings
 from django.db import connection
 
 from apps.broker.models import CommitLogEntry
@@ -36,12 +37,14 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
         )
         assert sent.status_code == 201
         acknowledged.append(sent.json()["msg_id"])
-        tx = requests.post(
+        prepared = requests.post(
             f"{base}/transactions",
             headers=headers,
             timeout=10,
             json={"producer_group": "shop", "topic": "orders", "body": f"tx {i}"},
-        ).json()
+        )
+        assert prepared.status_code == 201, prepared.text
+        tx = prepared.json()
         committed = requests.post(
             f"{base}/transactions/{tx['transaction_id']}/commit", headers=headers, timeout=10
         )
@@ -50,8 +53,12 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
 
     os.killpg(web.pid, signal.SIGKILL)
     web.wait()
+    # The Postgres this test's database lives on (TXHUB_PG_PORT is what services.sh restarts).
+    pg_port = str(settings.DATABASES["default"]["PORT"])
     subprocess.run(
-        [str(ROOT / "scripts" / "services.sh"), "restart-postgres", "--immediate"], check=True
+        [str(ROOT / "scripts" / "services.sh"), "restart-postgres", "--immediate"],
+        check=True,
+        env={**os.environ, "TXHUB_PG_PORT": pg_port},
     )
     connection.close()  # this test's own connection died with the server; the pool hands a new one
 
@@ -60,12 +67,14 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
     try:
         received = set()
         for _ in range(5):
-            batch = requests.post(
+            answer = requests.post(
                 f"{base}/consumer-groups/billing/receive",
                 headers=headers,
                 timeout=10,
                 json={"topic": "orders", "max_messages": 32},
-            ).json()["messages"]
+            )
+            assert answer.status_code == 200, answer.text
+            batch = answer.json()["messages"]
             received |= {m["msg_id"] for m in batch}
         assert received == set(acknowledged)
     finally:

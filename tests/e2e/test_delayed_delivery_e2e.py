@@ -10,19 +10,21 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from tests.e2e.conftest import wait_until
+from tests.helpers import expect
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def orders(api: APIClient) -> None:
-    api.post("/api/v1/topics", {"name": "orders", "queues": 2}, format="json")
-    api.post(
+    expect(api.post("/api/v1/topics", {"name": "orders", "queues": 2}, format="json"), 201)
+    group = api.post(
         "/api/v1/producer-groups",
         {"name": "shop", "check_url": "http://127.0.0.1:9/"},
         format="json",
     )
-    api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json")
+    expect(group, 201)
+    expect(api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json"), 201)
 
 
 def send(api: APIClient, body: str, **extra: Any) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def receive(api: APIClient) -> list[dict[str, Any]]:
         {"topic": "orders", "max_messages": 32},
         format="json",
     )
-    return list(response.json()["messages"])
+    return list(expect(response, 200)["messages"])
 
 
 def db_now() -> datetime:
@@ -83,21 +85,24 @@ def test_deliver_at_is_honoured_within_tolerance_and_the_past_is_immediate(
 def test_a_delayed_transaction_is_counted_from_its_commit(
     celery_processes: Any, api: APIClient, orders: None
 ) -> None:
-    tx = api.post(
+    prepared = api.post(
         "/api/v1/transactions",
         {"producer_group": "shop", "topic": "orders", "body": "tx", "delay_level": 2},  # 5 s
         format="json",
-    ).json()
+    )
+    tx = expect(prepared, 201)
     time.sleep(3)  # time before the commit does not count
-    committed = api.post(
-        f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"
-    ).json()
+    committed = expect(
+        api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200
+    )
     assert committed["queue_offset"] is None
     due = datetime.fromisoformat(committed["deliver_at"])
     assert due - datetime.fromisoformat(committed["resolved_at"]) == timedelta(seconds=5)
     time.sleep(3)
     assert receive(api) == []
-    again = api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json").json()
+    again = expect(
+        api.post(f"/api/v1/transactions/{tx['transaction_id']}/commit", format="json"), 200
+    )
     assert again == committed
     got = wait_until(lambda: receive(api), timeout=10, interval=0.05)
     assert [m["transaction_id"] for m in got] == [tx["transaction_id"]]

@@ -4,6 +4,7 @@ import pytest
 import requests
 
 from tests.conftest import Server
+from tests.helpers import assert_error
 
 pytestmark = pytest.mark.e2e
 
@@ -69,5 +70,4 @@ def test_the_readme_tour_works_over_http(server: Server) -> None:
         headers={**admin, "Content-Type": "application/json"},
         timeout=5,
     )
-    assert wrong.status_code == 400
-    assert wrong.json()["error"]["code"] == "invalid_request"
+    assert_error(wrong, 400, "invalid_request")

@@ -1,6 +1,7 @@
 """Postgres is the truth, Celery carries only triggers: killing a worker mid-batch, stopping Redis
 for 20 s, or running two workers loses nothing and applies nothing twice."""
 
+import os
 import subprocess
 import time
 from datetime import timedelta
@@ -13,36 +14,45 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
 from tests.conftest import ROOT
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import REDIS_PORT, wait_until
+from tests.helpers import expect
 
 pytestmark = pytest.mark.e2e
-REDIS_PORT = "63799"
 
 
 @pytest.fixture
 def shop(api: APIClient, checker: Any) -> None:
-    api.post("/api/v1/topics", {"name": "orders", "queues": 4}, format="json")
-    api.post("/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json")
+    expect(api.post("/api/v1/topics", {"name": "orders", "queues": 4}, format="json"), 201)
+    expect(
+        api.post(
+            "/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json"
+        ),
+        201,
+    )
 
 
 def prepare_many(api: APIClient, n: int) -> list[str]:
     return [
-        api.post(
-            "/api/v1/transactions",
-            {"producer_group": "shop", "topic": "orders", "body": str(i)},
-            format="json",
-        ).json()["transaction_id"]
+        expect(
+            api.post(
+                "/api/v1/transactions",
+                {"producer_group": "shop", "topic": "orders", "body": str(i)},
+                format="json",
+            ),
+            201,
+        )["transaction_id"]
         for i in range(n)
     ]
 
 
 def delay_many(api: APIClient, n: int, seconds: int = 1) -> None:
     for i in range(n):
-        api.post(
+        sent = api.post(
             "/api/v1/topics/orders/messages",
             {"producer_group": "shop", "body": f"d{i}", "delay_level": seconds},
             format="json",
         )
+        assert expect(sent, 201)["queue_offset"] is None  # delayed, not yet in the log
 
 
 def assert_each_once(ids: list[str]) -> None:
@@ -64,7 +74,7 @@ def test_a_killed_worker_loses_nothing_and_applies_nothing_twice(
     celery = start_celery(TXHUB_CHECK_HTTP_TIMEOUT="1")
     ids = prepare_many(api, 30)
     delay_many(api, 30)
-    wait_until(lambda: checker.requests, timeout=15, interval=0.05)
+    assert wait_until(lambda: checker.requests, timeout=15, interval=0.05)  # checks under way
     celery.kill_worker(celery.workers[0])
     partly = HalfMessage.objects.filter(transaction_id__in=ids, state="COMMITTED").count()
     assert partly < len(ids)  # the kill happened mid-way
@@ -86,6 +96,8 @@ def test_redis_down_for_20_seconds_delays_work_and_loses_none(
     subprocess.run(
         ["redis-cli", "-p", REDIS_PORT, "shutdown", "nosave"], check=False, capture_output=True
     )
+    down = subprocess.run(["redis-cli", "-p", REDIS_PORT, "ping"], capture_output=True, text=True)
+    assert "PONG" not in down.stdout  # the fault really happened
     try:
         ids = prepare_many(api, 20)  # the API does not need Redis
         delay_many(api, 20)
@@ -93,7 +105,10 @@ def test_redis_down_for_20_seconds_delays_work_and_loses_none(
         assert HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").count() == 20
     finally:
         subprocess.run(
-            [str(ROOT / "scripts" / "services.sh"), "up"], check=True, capture_output=True
+            [str(ROOT / "scripts" / "services.sh"), "up"],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "TXHUB_REDIS_PORT": REDIS_PORT},  # the Redis stopped above
         )
     assert wait_until(
         lambda: not HalfMessage.objects.filter(transaction_id__in=ids, state="PREPARED").exists(),

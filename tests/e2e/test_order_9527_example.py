@@ -13,7 +13,7 @@ import pytest
 
 from apps.broker.models import CommitLogEntry, HalfMessage
 from tests.conftest import ROOT, Server, free_port
-from tests.e2e.conftest import wait_until
+from tests.e2e.conftest import REDIS_PORT, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def test_a_crash_after_the_local_commit_is_settled_by_check_back(
         **os.environ,
         "TXHUB_URL": server.base,
         "ORDER_SERVICE_STATE": str(tmp_path),
-        "CELERY_BROKER_URL": "redis://127.0.0.1:63799/2",
+        "CELERY_BROKER_URL": f"redis://127.0.0.1:{REDIS_PORT}/2",
     }
     admin = server.token("admin")["Authorization"].split()[1]
     setup = run(

@@ -9,6 +9,7 @@ import requests
 
 from apps.broker.models import CommitLogEntry, HalfMessage, OpRecord
 from tests.conftest import Server
+from tests.helpers import assert_error, expect
 
 N = 32
 
@@ -21,22 +22,26 @@ def post(
 
 def test_concurrent_commit_and_rollback_resolve_each_transaction_once(server: Server) -> None:
     admin = server.token("admin")
-    post(server, admin, "/api/v1/topics", {"name": "orders", "queues": 2})
-    post(
+    expect(post(server, admin, "/api/v1/topics", {"name": "orders", "queues": 2}), 201)
+    group = post(
         server,
         admin,
         "/api/v1/producer-groups",
         {"name": "shop", "check_url": "http://127.0.0.1:9/"},
     )
-    post(server, admin, "/api/v1/consumer-groups", {"name": "billing"})
+    expect(group, 201)
+    expect(post(server, admin, "/api/v1/consumer-groups", {"name": "billing"}), 201)
     producer = server.token("produce:shop")
     ids = [
-        post(
-            server,
-            producer,
-            "/api/v1/transactions",
-            {"producer_group": "shop", "topic": "orders", "body": f"order {i}"},
-        ).json()["transaction_id"]
+        expect(
+            post(
+                server,
+                producer,
+                "/api/v1/transactions",
+                {"producer_group": "shop", "topic": "orders", "body": f"order {i}"},
+            ),
+            201,
+        )["transaction_id"]
         for i in range(N)
     ]
 
@@ -44,10 +49,11 @@ def test_concurrent_commit_and_rollback_resolve_each_transaction_once(server: Se
         barrier = threading.Barrier(2)
 
         def resolve(outcome: str) -> int:
-            barrier.wait()
-            return post(
-                server, producer, f"/api/v1/transactions/{transaction_id}/{outcome}"
-            ).status_code
+            barrier.wait(timeout=30)
+            response = post(server, producer, f"/api/v1/transactions/{transaction_id}/{outcome}")
+            if response.status_code == 409:  # the loser is told why, in the contract's format
+                assert_error(response, 409, "transaction_resolved")
+            return response.status_code
 
         with ThreadPoolExecutor(2) as pool:
             commit = pool.submit(resolve, "commit")
@@ -72,12 +78,15 @@ def test_concurrent_commit_and_rollback_resolve_each_transaction_once(server: Se
     consumer = server.token("consume:billing")
     received: set[str] = set()
     while True:
-        batch = post(
-            server,
-            consumer,
-            "/api/v1/consumer-groups/billing/receive",
-            {"topic": "orders", "max_messages": 32},
-        ).json()["messages"]
+        batch = expect(
+            post(
+                server,
+                consumer,
+                "/api/v1/consumer-groups/billing/receive",
+                {"topic": "orders", "max_messages": 32},
+            ),
+            200,
+        )["messages"]
         if not batch:
             break
         received |= {m["msg_id"] for m in batch}

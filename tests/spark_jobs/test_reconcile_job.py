@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.db import connection
 from django.utils import timezone
 from pyspark.sql import SparkSession
@@ -26,6 +27,8 @@ from spark_jobs.session import Database
 
 PRODUCER = Actor(Resolver.PRODUCER, "shop-service")
 MAX_PENDING_AGE = 3600.0
+# The first test here also starts the suite's local Spark session (a JVM): seconds to minutes.
+pytestmark = pytest.mark.timeout(600)
 
 
 class Shop:

@@ -26,6 +26,9 @@ from tests.spark_jobs.test_reconcile_job import (
 )
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+# A master, a worker and spark-submit's own JVM start here: slower than the suite's 300 s bound
+# on a busy machine.
+pytestmark = pytest.mark.timeout(900)
 
 
 def wait_for_port(port: int, seconds: float = 60) -> None:

@@ -35,7 +35,7 @@ from apps.broker import failpoints
 from apps.broker.metrics import CHECKBACK_ATTEMPTS, CHECKBACK_LATENCY
 from apps.broker.models import HalfMessage, OpKind, OpRecord, ProducerGroup, Resolver
 from apps.broker.models import TransactionState as State
-from apps.broker.services import transactions
+from apps.broker.services import scans, transactions
 from apps.broker.services.errors import CallbackRefused
 from apps.broker.services.transactions import Actor
 
@@ -192,18 +192,29 @@ def checkback_claim_due() -> list[int]:
 
 
 def checkback_park_stale() -> int:
-    """PREPARED for longer than TXHUB_MAX_PENDING_AGE -> PARKED, whatever the checks said."""
+    """PREPARED for longer than TXHUB_MAX_PENDING_AGE -> PARKED, whatever the checks said.
+
+    Row by row: a row that cannot be read back is logged, counted and skipped (scans.py), and the
+    claim that follows in the same scan still runs for every other group."""
     cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
-    stale = HalfMessage.objects.filter(state=State.PREPARED, born_at__lt=cutoff)
-    ids = list(stale.values_list("transaction_id", flat=True)[: settings.TXHUB_CHECK_BATCH])
-    for transaction_id in ids:
-        transactions.transaction_park(
-            transaction_id=transaction_id,
-            actor=SYSTEM,
-            reason=f"unresolved for longer than TXHUB_MAX_PENDING_AGE "
-            f"({settings.TXHUB_MAX_PENDING_AGE:.0f} s)",
-        )
-    return len(ids)
+    stale = HalfMessage.objects.filter(state=State.PREPARED, born_at__lt=cutoff).exclude(
+        pk__in=scans.skipped("checkback_park_stale")
+    )
+    rows = list(stale.values_list("pk", "transaction_id")[: settings.TXHUB_CHECK_BATCH])
+    parked = 0
+    for pk, transaction_id in rows:
+        try:
+            with transaction.atomic():
+                transactions.transaction_park(
+                    transaction_id=transaction_id,
+                    actor=SYSTEM,
+                    reason=f"unresolved for longer than TXHUB_MAX_PENDING_AGE "
+                    f"({settings.TXHUB_MAX_PENDING_AGE:.0f} s)",
+                )
+            parked += 1
+        except scans.UNREADABLE as error:
+            scans.row_failed("checkback_park_stale", pk, error)
+    return parked
 
 
 # One check -------------------------------------------------------------------------------------
@@ -437,7 +448,18 @@ def _post_signed(group: ProducerGroup, payload: dict[str, Any]) -> CheckResult:
 
 def checkback_run(*, half_id: int) -> str:
     """One check of one claimed transaction. Returns what happened, for logs and tests."""
-    half = HalfMessage.objects.select_related("producer_group", "topic").filter(pk=half_id).first()
+    try:
+        half = (
+            HalfMessage.objects.select_related("producer_group", "topic").filter(pk=half_id).first()
+        )
+    except scans.UNREADABLE as error:
+        # Unreadable (scans.py): no check can be built for it. Not claimed again for a day, so
+        # it is not retried every lease; logged and counted for an operator to repair.
+        scans.row_failed("checkback_run", half_id, error)
+        HalfMessage.objects.filter(pk=half_id).update(
+            checking_until=None, next_check_at=timezone.now() + timedelta(days=1)
+        )
+        return "unreadable"
     if half is None or half.state != State.PREPARED:
         # Resolved since the claim: never send a check for it (invariant 7).
         HalfMessage.objects.filter(pk=half_id).update(checking_until=None)

@@ -27,12 +27,12 @@ POISON = "0001-01-01 00:00:00+01"  # stored by Postgres, unreadable by psycopg (
 
 
 def poison(table: str, column: str, pk: int, key: str = "id") -> None:
+    where = f"FROM {table} WHERE {key} = %s"
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET {column} = %s WHERE {key} = %s", [POISON, pk])  # noqa: S608
-    with pytest.raises(DataError), connection.cursor() as cursor:
-        # The premise: reading it back really fails today.
-        cursor.execute(f"SELECT {column} FROM {table} WHERE {key} = %s", [pk])  # noqa: S608
-        cursor.fetchone()
+        cursor.execute(f"SELECT {column} {where}", [pk])  # noqa: S608
+        with pytest.raises(DataError):  # the premise: reading it back really fails today
+            cursor.fetchone()
 
 
 def failed(scan: str) -> float:

@@ -121,6 +121,7 @@ def test_checkback_scan_parks_and_claims_the_others_beside_a_poisoned_row(
         "checking_until", "next_check_at"
     )
     assert checking_until is None
+    assert next_check_at is not None
     assert next_check_at > timezone.now() + timedelta(hours=23)
 
 

@@ -232,3 +232,21 @@ def test_an_allowlisted_translated_network_is_allowed(
     settings.TXHUB_CALLBACK_ALLOWED_HOSTS = ["64:ff9b::/96"]
     monkeypatch.setattr(checkback, "resolve", lambda host, port: ["64:ff9b::a00:1"])
     assert checkback.callback_url_check("https://producer.example/check") == ["64:ff9b::a00:1"]
+
+
+def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from apps.broker.tasks import warn_if_one_group_can_fill_the_callbacks
+
+    settings.TXHUB_CALLBACK_CONCURRENCY = 8
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 2
+    warn_if_one_group_can_fill_the_callbacks()
+    assert not caplog.records  # the positive control: the default arithmetic is quiet
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 8
+    warn_if_one_group_can_fill_the_callbacks()
+    [record] = caplog.records
+    assert record.levelname == "WARNING"
+    assert "TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP (8) >= TXHUB_CALLBACK_CONCURRENCY (8)" in (
+        record.getMessage()
+    )

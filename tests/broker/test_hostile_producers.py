@@ -250,3 +250,23 @@ def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(
     assert "TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP (8) >= TXHUB_CALLBACK_CONCURRENCY (8)" in (
         record.getMessage()
     )
+
+
+def test_the_console_refuses_an_http_check_url_on_the_form(db: None, settings: Any) -> None:
+    from tests.console.test_console_views import login
+
+    registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/check")
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
+    otto = login("txhub-operators", "otto")
+    for path, data in [
+        ("/console/producer-groups/new/", {"name": "pay", "check_url": "http://127.0.0.1:9/c"}),
+        ("/console/producer-groups/shop/edit/", {"check_url": "http://127.0.0.1:9/other"}),
+    ]:
+        response = otto.post(path, data)
+        assert response.status_code == 200, path
+        page = response.content.decode()
+        assert 'class="errorlist' in page
+        assert "plain http:// is refused" in page
+    assert list(ProducerGroup.objects.values_list("name", "check_url")) == [
+        ("shop", "http://127.0.0.1:9/check")
+    ]

@@ -29,7 +29,15 @@ trap stop INT TERM EXIT
   --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
   --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
-"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" &
+# Scans on the default queue; producers' check calls on "callbacks", in a worker of their own, so
+# a slow producer never delays a scan (docs/decisions/0009). Loopback producers speak plain HTTP.
+export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
+export TXHUB_CALLBACK_CONCURRENCY="${TXHUB_CALLBACK_CONCURRENCY:-8}"
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
+  -Q celery -n "scans@%h" &
+pids+=($!)
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
+  -Q callbacks -n "callbacks@%h" &
 pids+=($!)
 "$BIN/celery" -A txhub beat --loglevel INFO --schedule var/run/celerybeat-schedule &
 pids+=($!)

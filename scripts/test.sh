@@ -9,6 +9,8 @@ if command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p "${TXHUB_REDIS_P
   was_running=1
 fi
 scripts/services.sh up
+# The tests' producers listen on http://127.0.0.1 (refused in production by default).
+export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 status=0
 .venv/bin/pytest "$@" || status=$?
 [ "$was_running" = 1 ] || scripts/services.sh down

@@ -21,6 +21,13 @@ from rest_framework.test import APIClient
 
 from apps.broker.services import registry
 
+# The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
+# same default when pytest runs directly, for this process (whose settings are already loaded)
+# and the gunicorn and Celery processes the tests start. An explicit environment wins.
+if "TXHUB_ALLOW_HTTP_CALLBACKS" not in os.environ:
+    os.environ["TXHUB_ALLOW_HTTP_CALLBACKS"] = "1"
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = True
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

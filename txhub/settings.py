@@ -156,6 +156,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Producers' check URLs are called from a worker of their own (scripts/run.sh: `-Q callbacks`):
+# a slow or hostile producer can fill that queue, never the default one the scans run on.
+CELERY_TASK_ROUTES = {"apps.broker.tasks.checkback_run": {"queue": "callbacks"}}
 CELERY_BEAT_SCHEDULE = {
     "expire-deliveries": {
         "task": "apps.broker.tasks.deliveries_expire_scan",
@@ -192,13 +195,21 @@ TXHUB_LONG_POLL_INTERVAL = env_float("TXHUB_LONG_POLL_INTERVAL", 0.1)
 TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut
 TXHUB_CHECK_INTERVAL = env_float("TXHUB_CHECK_INTERVAL", 30)  # transactionCheckInterval
 TXHUB_CHECK_MAX = env_int("TXHUB_CHECK_MAX", 15)  # transactionCheckMax
+# Bounds a whole check call, connect to last byte (docs/decisions/0009).
 TXHUB_CHECK_HTTP_TIMEOUT = env_float("TXHUB_CHECK_HTTP_TIMEOUT", 3)
 TXHUB_MAX_PENDING_AGE = env_float("TXHUB_MAX_PENDING_AGE", 72 * 3600)  # fileReservedTime
 TXHUB_MAX_DELAY = env_float("TXHUB_MAX_DELAY", 3 * 24 * 3600)  # timerMaxDelaySec
 # Unreachable callbacks back off from 1 s, doubling, up to this; they do not use the budget.
 TXHUB_CHECK_MAX_BACKOFF = env_float("TXHUB_CHECK_MAX_BACKOFF", 300)
-# At most this many checks of one producer group in flight: a slow group cannot starve others.
-TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = env_int("TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP", 16)
+# Check calls run on their own Celery queue ("callbacks"), in a worker of this many processes
+# (scripts/run.sh); scans never wait behind them (docs/decisions/0009).
+TXHUB_CALLBACK_CONCURRENCY = env_int("TXHUB_CALLBACK_CONCURRENCY", 8)
+# At most this many checks of one producer group in flight: kept below the callback concurrency,
+# so a slow group holds at most this many of its slots and the others' checks still run.
+TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = env_int("TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP", 2)
+# Plain http:// check URLs are refused (registration and call) unless this is on; `make run` and
+# `make test` turn it on for their loopback producers.
+TXHUB_ALLOW_HTTP_CALLBACKS = env_bool("TXHUB_ALLOW_HTTP_CALLBACKS", False)
 TXHUB_CHECK_BATCH = env_int("TXHUB_CHECK_BATCH", 500)
 TXHUB_DELIVERY_BATCH = env_int("TXHUB_DELIVERY_BATCH", 500)
 # How long one delivery scan keeps waking for due messages: about the beat period, so lateness

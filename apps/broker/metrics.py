@@ -42,6 +42,12 @@ CHECKBACK_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=EVENTS,
 )
+SCAN_ROWS_FAILED = Counter(
+    "txhub_scan_rows_failed",
+    "Rows a periodic scan could not process (logged with their id and skipped), by scan.",
+    ["scan"],
+    registry=EVENTS,
+)
 DELAY_LATENESS = Histogram(
     "txhub_delayed_delivery_lateness_seconds",
     "How long after its due time a delayed message entered the commit log.",

@@ -4,13 +4,32 @@ Beat triggers the scans every second; the scans read what is due from Postgres, 
 message is repaired by the next scan. No ETA lives in Redis: due times are in Postgres.
 """
 
+import logging
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_init
 from django.conf import settings
 from django.utils import timezone
 
-from apps.broker.services import checkback, consuming, delivery, reconciliation
+from apps.broker.services import checkback, consuming, delivery, idempotency, reconciliation
+
+logger = logging.getLogger(__name__)
+
+
+@worker_init.connect
+def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
+    """A per-group cap at or above the callback concurrency lets one slow group hold every
+    callback slot: the README's "a slow group cannot starve the others" would not hold."""
+    cap, slots = settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP, settings.TXHUB_CALLBACK_CONCURRENCY
+    if cap >= slots:
+        logger.warning(
+            "TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP (%d) >= TXHUB_CALLBACK_CONCURRENCY (%d): one slow "
+            "producer group can occupy every callback worker; keep the cap below the concurrency.",
+            cap,
+            slots,
+        )
 
 
 @shared_task(acks_late=True)
@@ -25,7 +44,14 @@ def checkback_scan() -> int:
 
 # Not task_reject_on_worker_lost: a check that died mid-call is not redelivered by the broker;
 # its lease expires and the next scan claims it again, so a check is never run twice at once.
-@shared_task(acks_late=True)
+# The call itself is bounded by TXHUB_CHECK_HTTP_TIMEOUT; the time limits are the backstop just
+# above it (the soft one raises in the task, the hard one replaces the pool process). Routed to
+# the "callbacks" queue (CELERY_TASK_ROUTES).
+@shared_task(
+    acks_late=True,
+    soft_time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 5,
+    time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 10,
+)
 def checkback_run(half_id: int) -> str:
     return checkback.checkback_run(half_id=half_id)
 
@@ -44,7 +70,9 @@ def deliveries_expire_scan() -> int:
 
 @shared_task(acks_late=True)
 def retention_sweep() -> dict[str, int]:
-    return delivery.retention_sweep()
+    swept = delivery.retention_sweep()
+    swept["idempotency_keys"] = idempotency.idempotency_sweep()
+    return swept
 
 
 # Not acks_late: a run lost with its worker shows as a FAILED (or missing) run on the console,

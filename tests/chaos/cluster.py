@@ -287,7 +287,9 @@ def celery_commands(tmp: Path) -> list[list[str]]:
     name = secrets.token_hex(3)
     return [
         [celery, "-A", "txhub", "worker", "--loglevel", "INFO", "--concurrency", "4"]
-        + ["-n", f"chaos-{name}@%h", "--without-mingle", "--without-gossip"],
+        + ["-Q", "celery", "-n", f"chaos-{name}@%h", "--without-mingle", "--without-gossip"],
+        [celery, "-A", "txhub", "worker", "--loglevel", "INFO", "--concurrency", "8"]
+        + ["-Q", "callbacks", "-n", f"chaos-cb-{name}@%h", "--without-mingle", "--without-gossip"],
         [celery, "-A", "txhub", "beat", "--loglevel", "INFO"]
         + ["--schedule", str(tmp / f"beat-{name}")],
     ]

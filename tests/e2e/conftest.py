@@ -28,6 +28,9 @@ FAST = {
     "TXHUB_CHECK_HTTP_TIMEOUT": "2",
     "TXHUB_SCAN_SECONDS": "0.5",
     "TXHUB_EXPIRE_SCAN_SECONDS": "1",
+    # Fewer callback processes than run.sh's 8 on a small test machine; still above the per-group
+    # cap (2), as the production arithmetic requires.
+    "TXHUB_CALLBACK_CONCURRENCY": "4",
 }
 
 
@@ -64,10 +67,12 @@ class Celery:
             start_new_session=True,
         )
 
-    def start_worker(self, concurrency: int = 4) -> subprocess.Popen[bytes]:
-        name = f"w{len(self.workers)}@%h"
+    def start_worker(self, concurrency: int = 4, queue: str = "celery") -> subprocess.Popen[bytes]:
+        """A worker of one queue, as scripts/run.sh starts them: "celery" (the default queue:
+        scans) or "callbacks" (producers' check calls)."""
+        name = f"w{len(self.workers)}-{queue}@%h"
         worker = self._spawn(
-            "worker", "--concurrency", str(concurrency), "-n", name, "--without-mingle"
+            "worker", "--concurrency", str(concurrency), "-Q", queue, "-n", name, "--without-mingle"
         )
         self.workers.append(worker)
         return worker
@@ -148,6 +153,9 @@ def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
         celery = Celery(tmp_path, {k: str(v) for k, v in env.items()})
         for _ in range(workers):
             celery.start_worker()
+        # The callbacks worker of scripts/run.sh: check calls never wait behind scans.
+        callbacks = int(celery.env.get("TXHUB_CALLBACK_CONCURRENCY", "8"))
+        celery.start_worker(concurrency=callbacks, queue="callbacks")
         if beat:
             celery.start_beat()
         started.append(celery)

@@ -24,6 +24,7 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
+from apps.broker.services import scans
 from apps.broker.services.errors import NotFound, invalid
 
 
@@ -206,10 +207,13 @@ def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: da
 def deliveries_expire() -> int:
     """Periodic: dead-letter every exhausted message, even in groups nobody receives from now."""
     now = timezone.now()
-    return sum(
-        _dead_letter_exhausted(group=group, topic=None, now=now)
-        for group in ConsumerGroup.objects.all()
+    ids = ConsumerGroup.objects.exclude(pk__in=scans.skipped("deliveries_expire")).values_list(
+        "pk", flat=True
     )
+    # Group by group, each read on its own if one cannot be read back (scans.py); the UPDATE
+    # itself never reads a delivery's columns into Python.
+    groups = scans.load_rows(ConsumerGroup.objects.all(), ids, scan="deliveries_expire")
+    return sum(_dead_letter_exhausted(group=group, topic=None, now=now) for group in groups)
 
 
 def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:

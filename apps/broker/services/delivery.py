@@ -13,6 +13,7 @@ from django.utils import timezone
 from apps.broker import limits
 from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import CommitLogEntry, DelayedMessage
+from apps.broker.services import scans
 from apps.broker.services.errors import invalid
 from apps.broker.services.sending import OutgoingMessage, commit_log_append
 
@@ -72,12 +73,17 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
     """
     batch = limit or settings.TXHUB_DELIVERY_BATCH
     with transaction.atomic():
-        due = list(
+        ids = list(
             DelayedMessage.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("topic")
             # Database clock: never visible before its time, whatever the worker's clock says.
             .filter(deliver_at__lte=Now())
-            .order_by("deliver_at")[:batch]
+            .exclude(pk__in=scans.skipped("delayed_delivery"))
+            .order_by("deliver_at")
+            .values_list("pk", flat=True)[:batch]
+        )
+        # Locked above; read here, row by row if one of them cannot be read back (scans.py).
+        due = scans.load_rows(
+            DelayedMessage.objects.select_related("topic"), ids, scan="delayed_delivery"
         )
         # Offsets in (topic, queue) order: every appending transaction takes queue locks in the
         # same order, so two scans cannot deadlock on them.
@@ -101,7 +107,9 @@ def seconds_until_next_due() -> float | None:
     """Database clock: how long until the earliest delayed message is due (None: nothing waits)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT EXTRACT(EPOCH FROM (min(deliver_at) - now())) FROM broker_delayedmessage"
+            "SELECT EXTRACT(EPOCH FROM (min(deliver_at) - now())) FROM broker_delayedmessage "
+            "WHERE NOT (id = ANY(%s))",
+            [sorted(scans.skipped("delayed_delivery"))],
         )
         row = cursor.fetchone()
     return None if row is None or row[0] is None else float(row[0])
@@ -137,6 +145,8 @@ def retention_sweep(*, batch: int = 5000) -> dict[str, int]:
     entries = list(
         CommitLogEntry.objects.filter(stored_at__lt=cutoff).values_list("pk", flat=True)[:batch]
     )
-    HalfMessage.objects.filter(pk__in=half_ids).delete()
-    CommitLogEntry.objects.filter(pk__in=entries).delete()
+    # only("pk"): the deletion never reads the rows' other columns, so a row whose timestamps
+    # cannot be read back (scans.py) goes like any other instead of failing the sweep.
+    HalfMessage.objects.filter(pk__in=half_ids).only("pk").delete()
+    CommitLogEntry.objects.filter(pk__in=entries).only("pk").delete()
     return {"half_messages": len(half_ids), "commit_log": len(entries)}

@@ -1,0 +1,272 @@
+"""Hostile producers (issue 9): a check URL is the producer's, so txhub bounds the whole call,
+caps the answer, refuses plain http:// unless allowed, and connects only to the address it
+checked (DNS rebinding). Real little HTTP servers play the producers (tests/hostile.py)."""
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.broker.models import HalfMessage, OpRecord, ProducerGroup
+from apps.broker.services import checkback, registry
+from apps.broker.services.errors import CallbackRefused
+from tests.broker.test_checkback import make_due, make_group, prepare
+from tests.hostile import FIFTY_MB, HostileEndpoint
+
+TIMEOUT = 1.0
+SLACK = 3.0  # a generous bound: the call ends at the deadline, plus a busy machine's delays
+
+
+@pytest.fixture
+def hostile(settings: Any) -> Iterator[Any]:
+    settings.TXHUB_CHECK_HTTP_TIMEOUT = TIMEOUT
+    started: list[HostileEndpoint] = []
+
+    def start(kind: str) -> HostileEndpoint:
+        endpoint = HostileEndpoint(kind)
+        started.append(endpoint)
+        return endpoint
+
+    yield start
+    for endpoint in started:
+        endpoint.close()
+
+
+def fetch(half: HalfMessage) -> HalfMessage:
+    return HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
+
+
+@pytest.mark.parametrize("kind", ["drip-body", "drip-headers"])
+def test_a_dripping_endpoint_is_cut_at_the_deadline(db: None, hostile: Any, kind: str) -> None:
+    endpoint = hostile(kind)
+    group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    started = time.monotonic()
+    outcome = checkback.call_check_url(fetch(half))
+    took = time.monotonic() - started
+    assert endpoint.requests == 1  # the call was made (the positive control)
+    assert endpoint.sent > 0  # and the endpoint had started dripping
+    assert took < TIMEOUT + SLACK
+    assert outcome.answer == "UNKNOWN"
+    assert "TXHUB_CHECK_HTTP_TIMEOUT" in outcome.error
+    # Headers that arrived mean the producer answered (a check of the budget); none: unreachable.
+    assert outcome.reached is (kind == "drip-body")
+
+
+def test_a_50_mb_answer_is_not_read_whole_and_is_not_a_decision(db: None, hostile: Any) -> None:
+    endpoint = hostile("huge")
+    group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    outcome = checkback.call_check_url(fetch(half))
+    assert endpoint.requests == 1
+    assert (outcome.answer, outcome.reached) == ("UNKNOWN", True)
+    assert outcome.error == f"the answer is larger than {checkback.MAX_ANSWER_BYTES} bytes"
+    assert endpoint.sent < FIFTY_MB  # txhub hung up long before the end
+
+
+def test_a_commit_after_50_mb_of_padding_is_recorded_as_an_error_and_not_applied(
+    db: None, hostile: Any
+) -> None:
+    endpoint = hostile("padded-commit")
+    group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    make_due(half)
+    assert checkback.checkback_claim_due() == [half.pk]
+    assert checkback.checkback_run(half_id=half.pk) == "unknown"
+    half.refresh_from_db()
+    assert half.state == "PREPARED"
+    [check] = OpRecord.objects.filter(half=half, op="CHECK")
+    assert check.detail["answer"] == "UNKNOWN"
+    assert check.detail["applied"] is False
+    assert "larger than" in check.detail["error"]
+    assert not OpRecord.objects.filter(half=half, op="COMMIT").exists()
+
+
+def test_the_consoles_test_callback_is_bounded_too(db: None, hostile: Any) -> None:
+    endpoint = hostile("drip-body")
+    group = make_group(endpoint.url)
+    started = time.monotonic()
+    outcome = checkback.checkback_test(group=group)
+    assert endpoint.requests == 1
+    assert time.monotonic() - started < TIMEOUT + SLACK
+    assert outcome.answer == "UNKNOWN"
+    assert "TXHUB_CHECK_HTTP_TIMEOUT" in outcome.error
+
+
+def test_an_answer_under_the_cap_is_still_a_decision(db: None, checker: Any) -> None:
+    checker.decide = lambda body: (200, b" " * (60 * 1024) + b'{"state": "COMMIT"}')
+    group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
+    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    assert (outcome.answer, outcome.error) == ("COMMIT", "")
+
+
+# http:// ---------------------------------------------------------------------------------------
+
+
+def test_http_check_urls_are_refused_unless_allowed(
+    api: APIClient, settings: Any, checker: Any
+) -> None:
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
+    response = api.post(
+        "/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json"
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "https://" in error["details"]["check_url"][0]
+    assert not ProducerGroup.objects.exists()
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = True  # the positive control
+    created = api.post(
+        "/api/v1/producer-groups", {"name": "shop", "check_url": checker.url}, format="json"
+    )
+    assert created.status_code == 201
+
+
+def test_an_http_check_url_is_refused_at_call_time_once_disallowed(
+    db: None, settings: Any, checker: Any
+) -> None:
+    checker.answer("COMMIT")
+    group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
+    outcome = checkback.call_check_url(fetch(half))
+    assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
+    assert "http://" in outcome.error
+    assert checker.requests == []
+
+
+# DNS rebinding ---------------------------------------------------------------------------------
+
+
+def test_the_call_connects_to_the_address_it_checked(
+    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rebind.invalid` does not resolve in real DNS: the call can only reach the checker if it
+    connects to the address our resolver answered (and checked), never to a second lookup; the
+    Host header still names the host."""
+    checker.answer("COMMIT")
+    port = checker.url.split(":")[2].split("/")[0]
+    lookups: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        lookups.append(host)
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(checkback, "resolve", resolver)
+    url = f"http://rebind.invalid:{port}/check"
+    group, topic = make_group(url), registry.topic_create(name="orders", queues=1)
+    lookups.clear()
+    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    assert (outcome.answer, outcome.error) == ("COMMIT", "")
+    assert lookups == ["rebind.invalid"]  # one lookup per call
+    assert checker.requests[-1]["headers"]["host"] == f"rebind.invalid:{port}"
+
+
+def test_https_keeps_the_host_name_for_sni_and_the_certificate(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pinned to the checked address, an https call still verifies the certificate against the
+    URL's host: a server whose certificate does not name it fails the TLS check (here a plain
+    listener: the handshake fails), never answers a decision."""
+    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["127.0.0.1"])
+    sockets: list[Any] = []
+    adapter = checkback._pinned_adapter("127.0.0.1", sockets)
+    pool = adapter.poolmanager.connection_from_url("https://producer.example:9/check")
+    connection = pool._new_conn()
+    assert connection.server_hostname == "producer.example"
+    assert connection._dns_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("second", ["169.254.169.254", "10.1.2.3"])
+def test_a_host_that_rebinds_to_an_internal_address_is_refused(
+    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    checker.answer("COMMIT")
+    port = checker.url.split(":")[2].split("/")[0]
+    answers = iter([["127.0.0.1"], [second]])
+    monkeypatch.setattr(checkback, "resolve", lambda host, port: next(answers))
+    group, topic = (
+        make_group(f"http://rebind.invalid:{port}/check"),
+        registry.topic_create(name="orders", queues=1),
+    )  # registered while it resolved to an allowed address
+    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
+    assert second in outcome.error
+    assert checker.requests == []
+
+
+def test_every_address_of_an_answer_is_checked(
+    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["127.0.0.1", "169.254.169.254"])
+    with pytest.raises(CallbackRefused, match="169.254.169.254"):
+        checkback.callback_url_check("http://rebind.invalid/check")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "64:ff9b::808:808",  # NAT64 of a public address: still a gateway
+        "64:ff9b:1::a00:1",  # NAT64 local-use prefix
+        "2002:a9fe:a9fe::1",  # 6to4
+        "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+        "::ffff:127.0.0.1",  # IPv4-mapped loopback (not in 127.0.0.0/8 as written)
+        "::ffff:8.8.8.8",  # IPv4-mapped public
+        "::a9fe:a9fe",  # IPv4-compatible
+    ],
+)
+def test_ipv6_forms_that_embed_ipv4_are_refused(
+    db: None, monkeypatch: pytest.MonkeyPatch, address: str
+) -> None:
+    monkeypatch.setattr(checkback, "resolve", lambda host, port: [address])
+    with pytest.raises(CallbackRefused):
+        checkback.callback_url_check("https://producer.example/check")
+
+
+def test_an_allowlisted_translated_network_is_allowed(
+    db: None, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.TXHUB_CALLBACK_ALLOWED_HOSTS = ["64:ff9b::/96"]
+    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["64:ff9b::a00:1"])
+    assert checkback.callback_url_check("https://producer.example/check") == ["64:ff9b::a00:1"]
+
+
+def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from apps.broker.tasks import warn_if_one_group_can_fill_the_callbacks
+
+    settings.TXHUB_CALLBACK_CONCURRENCY = 8
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 2
+    warn_if_one_group_can_fill_the_callbacks()
+    assert not caplog.records  # the positive control: the default arithmetic is quiet
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 8
+    warn_if_one_group_can_fill_the_callbacks()
+    [record] = caplog.records
+    assert record.levelname == "WARNING"
+    assert "TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP (8) >= TXHUB_CALLBACK_CONCURRENCY (8)" in (
+        record.getMessage()
+    )
+
+
+def test_the_console_refuses_an_http_check_url_on_the_form(db: None, settings: Any) -> None:
+    from tests.console.test_console_views import login
+
+    registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/check")
+    settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
+    otto = login("txhub-operators", "otto")
+    for path, data in [
+        ("/console/producer-groups/new/", {"name": "pay", "check_url": "http://127.0.0.1:9/c"}),
+        ("/console/producer-groups/shop/edit/", {"check_url": "http://127.0.0.1:9/other"}),
+    ]:
+        response = otto.post(path, data)
+        assert response.status_code == 200, path
+        page = response.content.decode()
+        assert 'class="errorlist' in page
+        assert "plain http:// is refused" in page
+    assert list(ProducerGroup.objects.values_list("name", "check_url")) == [
+        ("shop", "http://127.0.0.1:9/check")
+    ]

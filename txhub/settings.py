@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -36,8 +37,30 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 DEBUG = env_bool("TXHUB_DEBUG", False)
-# The development default is only for the local, loopback-only install `make run` creates.
-SECRET_KEY = env_str("TXHUB_SECRET_KEY", "txhub-local-development-only-not-a-secret")
+
+# --- Secret key -------------------------------------------------------------------------------
+# Production sets TXHUB_SECRET_KEY. The local set-up (scripts/services.sh, so `make run` and
+# `make test`) writes a random key to var/secret-key once (mode 0600) and every process of this
+# checkout reads it from there, tests' gunicorn/Celery subprocesses included. A key read from
+# that file is flagged by `check --deploy` (txhub.W001), so a production host that forgot
+# TXHUB_SECRET_KEY but happens to run from a checkout does not pass silently. With neither, and
+# TXHUB_DEBUG off, txhub refuses to start: the public default would let anyone forge sessions.
+PUBLIC_DEVELOPMENT_SECRET_KEY = "txhub-local-development-only-not-a-secret"  # noqa: S105
+SECRET_KEY_FILE = Path(env_str("TXHUB_SECRET_KEY_FILE", str(BASE_DIR / "var" / "secret-key")))
+SECRET_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key
+SECRET_KEY = env_str("TXHUB_SECRET_KEY", "")
+if not SECRET_KEY and SECRET_KEY_FILE.is_file():
+    SECRET_KEY, SECRET_KEY_SOURCE = SECRET_KEY_FILE.read_text().strip(), "file"
+if not SECRET_KEY and DEBUG:
+    SECRET_KEY, SECRET_KEY_SOURCE = PUBLIC_DEVELOPMENT_SECRET_KEY, "public default"
+if not DEBUG and SECRET_KEY in {"", PUBLIC_DEVELOPMENT_SECRET_KEY}:
+    raise ImproperlyConfigured(
+        "TXHUB_SECRET_KEY is not set (or is the public development default) and TXHUB_DEBUG is "
+        "off: refusing to start. Set TXHUB_SECRET_KEY to a long random value (e.g. `python -c "
+        "'import secrets; print(secrets.token_urlsafe(50))'`), or run scripts/services.sh up "
+        f"for a local install (it writes {SECRET_KEY_FILE})."
+    )
+
 ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
 INSTALLED_APPS = [
@@ -128,9 +151,38 @@ LOGIN_REDIRECT_URL = "/console/"
 # A base64 body of 4 MiB is ~5.6 MB of JSON; the API's own parser enforces the real limits.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
+# --- Cache and API rate limits (docs/decisions/0011) --------------------------------------------
+# One Redis cache shared by every web process (db 3: Celery uses 0, the tests 1 and 2). Short
+# socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
+TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": TXHUB_CACHE_URL,
+        "KEY_PREFIX": "txhub",
+        "OPTIONS": {
+            "socket_connect_timeout": env_float("TXHUB_CACHE_TIMEOUT", 0.25),
+            "socket_timeout": env_float("TXHUB_CACHE_TIMEOUT", 0.25),
+        },
+    }
+}
+TXHUB_THROTTLE_CACHE = "default"
+# Per API token, DRF's syntax ("2000/s", "100/min"); "0" or empty turns rate limiting off.
+TXHUB_THROTTLE_RATE = env_str("TXHUB_THROTTLE_RATE", "2000/s").strip()
+if TXHUB_THROTTLE_RATE in {"", "0"} or TXHUB_THROTTLE_RATE.startswith("0/"):
+    TXHUB_THROTTLE_RATE = ""
+else:
+    _num, _, _period = TXHUB_THROTTLE_RATE.partition("/")
+    if not (_num.isdecimal() and _period[:1] in {"s", "m", "h", "d"}):
+        raise ImproperlyConfigured(
+            f"TXHUB_THROTTLE_RATE={TXHUB_THROTTLE_RATE!r}: expected e.g. 2000/s, 100/min, or 0"
+        )
+_THROTTLE_CLASSES = ["apps.broker.api.throttling.TokenRateThrottle"] if TXHUB_THROTTLE_RATE else []
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["apps.broker.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": _THROTTLE_CLASSES,
     "DEFAULT_PARSER_CLASSES": ["apps.broker.api.parsers.LimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.broker.api.errors.exception_handler",

@@ -63,6 +63,33 @@ if not DEBUG and SECRET_KEY in {"", PUBLIC_DEVELOPMENT_SECRET_KEY}:
 
 ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
+# --- Behind a TLS proxy (README "Production"); the defaults suit the local plain-HTTP install ----
+# Cookies only over HTTPS; HSTS; redirect plain HTTP to HTTPS except the probes and the scrape
+# endpoint (a load balancer or Prometheus inside the network speaks plain HTTP to them).
+SECURE_COOKIES = env_bool("TXHUB_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+SECURE_HSTS_SECONDS = env_int("TXHUB_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TXHUB_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("TXHUB_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("TXHUB_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# "HTTP_X_FORWARDED_PROTO,https": trust the proxy's header saying the request came over HTTPS.
+# Only behind a proxy that always sets (or strips) that header; otherwise a client could forge it.
+_proxy_header = env_list("TXHUB_SECURE_PROXY_SSL_HEADER", "")
+if _proxy_header:
+    if len(_proxy_header) != 2:
+        raise ImproperlyConfigured(
+            "TXHUB_SECURE_PROXY_SSL_HEADER must be '<header>,<value>', "
+            "e.g. HTTP_X_FORWARDED_PROTO,https"
+        )
+    SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1])
+# The console's POSTs pass Django's origin check behind a proxy: e.g. "https://txhub.example.com".
+CSRF_TRUSTED_ORIGINS = env_list("TXHUB_CSRF_TRUSTED_ORIGINS", "")
+# Secrets shown once (a new token, a signing secret) travel in a message: kept server-side in the
+# session, never in a cookie the browser (or a proxy's log) keeps.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

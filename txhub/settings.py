@@ -306,6 +306,8 @@ TXHUB_RECONCILE_OUTPUT = Path(
 )
 # When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
+# /metrics reads its Postgres gauges at most once per this many seconds per web process.
+TXHUB_METRICS_CACHE_SECONDS = env_float("TXHUB_METRICS_CACHE_SECONDS", 5)
 
 LOGGING = {
     "version": 1,

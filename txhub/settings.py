@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",  # login throttling for the console and the admin (docs/decisions/0012)
     "apps.broker",
     "apps.console",
 ]
@@ -113,6 +114,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "txhub.urls"
@@ -171,6 +174,24 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("TXHUB_STATIC_ROOT") or None  # collectstatic target, if used
 WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
+
+# --- Login throttling (docs/decisions/0012) -----------------------------------------------------
+# django-axes counts failed console and admin logins in Postgres (its AccessAttempt table, shared
+# by every web process). After TXHUB_LOGIN_FAILURE_LIMIT failures for one username from one
+# address, that pair is refused (429, even with the right password) for
+# TXHUB_LOGIN_COOLOFF_SECONDS; other users and other addresses are not. Behind a proxy every
+# client has the proxy's address, so the lock is in effect per username. `manage.py axes_reset`
+# lifts every lock at once.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before the check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TXHUB_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("TXHUB_LOGIN_COOLOFF_SECONDS", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept (and expire); successful logins are not logged
+AXES_ENABLED = env_bool("TXHUB_LOGIN_THROTTLE", True)
 
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"

@@ -111,6 +111,17 @@ redis_up() {
   log "Redis did not start; see var/redis/redis.log"; return 1
 }
 
+# A random SECRET_KEY for this checkout, made once and kept (0600): every process started from
+# here (make run, make test, manage.py, the tests' gunicorn and Celery) reads it through
+# txhub/settings.py. Production sets TXHUB_SECRET_KEY instead (check --deploy flags the file).
+secret_key_up() {
+  mkdir -p "$VAR"
+  [ -s "$VAR/secret-key" ] && return 0
+  log "writing a new random secret key to var/secret-key"
+  (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(50))' \
+    >"$VAR/secret-key.tmp" && mv "$VAR/secret-key.tmp" "$VAR/secret-key")
+}
+
 down() {
   local data; data="$(pg_data_dir)"
   if [ -f "$data/PG_VERSION" ]; then
@@ -125,6 +136,7 @@ case "${1:-up}" in
     ensure_venv
     pg_up
     redis_up
+    secret_key_up
     (cd "$ROOT" && "$VENV/bin/python" manage.py migrate --noinput -v 0)
     ;;
   down) down ;;

@@ -1,14 +1,46 @@
 """Liveness and readiness probes (plain JSON, no auth) and the Prometheus scrape endpoint."""
 
 import hmac
+import threading
+import time
+from collections.abc import Iterator
 
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
-from apps.broker.metrics import scrape_registry
+from apps.broker.metrics import DatabaseCollector, scrape_registry
+
+
+class CachedCollector(Collector):
+    """The Postgres gauges, read at most once per TXHUB_METRICS_CACHE_SECONDS in this process: a
+    scrape storm (or several Prometheus servers) costs one query set per interval, not one per
+    scrape. Event counters are not cached: they are read from memory or the multiprocess files."""
+
+    def __init__(self, inner: Collector) -> None:
+        self.inner = inner
+        self.metrics: list[Metric] = []
+        self.read_at: float | None = None
+        # Why a lock: gunicorn's threads scrape concurrently; without it, every thread that finds
+        # the copy stale would run the query set at the same moment, which is the storm again.
+        self.lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        seconds = settings.TXHUB_METRICS_CACHE_SECONDS
+        with self.lock:
+            now = time.monotonic()
+            if self.read_at is None or now - self.read_at >= seconds:
+                self.metrics = list(self.inner.collect())
+                self.read_at = time.monotonic()
+            metrics = self.metrics
+        yield from metrics
+
+
+DATABASE_GAUGES = CachedCollector(DatabaseCollector())
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -41,4 +73,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not hmac.compare_digest(given.encode(), expected.encode()):
             return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
-    return HttpResponse(generate_latest(scrape_registry()), content_type=CONTENT_TYPE_LATEST)
+    registry = scrape_registry(DATABASE_GAUGES)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -36,9 +37,58 @@ def env_list(name: str, default: str) -> list[str]:
 
 
 DEBUG = env_bool("TXHUB_DEBUG", False)
-# The development default is only for the local, loopback-only install `make run` creates.
-SECRET_KEY = env_str("TXHUB_SECRET_KEY", "txhub-local-development-only-not-a-secret")
+
+# --- Secret key -------------------------------------------------------------------------------
+# Production sets TXHUB_SECRET_KEY. The local set-up (scripts/services.sh, so `make run` and
+# `make test`) writes a random key to var/secret-key once (mode 0600) and every process of this
+# checkout reads it from there, tests' gunicorn/Celery subprocesses included. A key read from
+# that file is flagged by `check --deploy` (txhub.W001), so a production host that forgot
+# TXHUB_SECRET_KEY but happens to run from a checkout does not pass silently. With neither, and
+# TXHUB_DEBUG off, txhub refuses to start: the public default would let anyone forge sessions.
+PUBLIC_DEVELOPMENT_SECRET_KEY = "txhub-local-development-only-not-a-secret"  # noqa: S105
+SECRET_KEY_FILE = Path(env_str("TXHUB_SECRET_KEY_FILE", str(BASE_DIR / "var" / "secret-key")))
+SECRET_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key
+SECRET_KEY = env_str("TXHUB_SECRET_KEY", "")
+if not SECRET_KEY and SECRET_KEY_FILE.is_file():
+    SECRET_KEY, SECRET_KEY_SOURCE = SECRET_KEY_FILE.read_text().strip(), "file"
+if not SECRET_KEY and DEBUG:
+    SECRET_KEY, SECRET_KEY_SOURCE = PUBLIC_DEVELOPMENT_SECRET_KEY, "public default"
+if not DEBUG and SECRET_KEY in {"", PUBLIC_DEVELOPMENT_SECRET_KEY}:
+    raise ImproperlyConfigured(
+        "TXHUB_SECRET_KEY is not set (or is the public development default) and TXHUB_DEBUG is "
+        "off: refusing to start. Set TXHUB_SECRET_KEY to a long random value (e.g. `python -c "
+        "'import secrets; print(secrets.token_urlsafe(50))'`), or run scripts/services.sh up "
+        f"for a local install (it writes {SECRET_KEY_FILE})."
+    )
+
 ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+
+# --- Behind a TLS proxy (README "Production"); the defaults suit the local plain-HTTP install ----
+# Cookies only over HTTPS; HSTS; redirect plain HTTP to HTTPS except the probes and the scrape
+# endpoint (a load balancer or Prometheus inside the network speaks plain HTTP to them).
+SECURE_COOKIES = env_bool("TXHUB_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+SECURE_HSTS_SECONDS = env_int("TXHUB_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("TXHUB_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("TXHUB_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("TXHUB_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# "HTTP_X_FORWARDED_PROTO,https": trust the proxy's header saying the request came over HTTPS.
+# Only behind a proxy that always sets (or strips) that header; otherwise a client could forge it.
+_proxy_header = env_list("TXHUB_SECURE_PROXY_SSL_HEADER", "")
+if _proxy_header:
+    if len(_proxy_header) != 2:
+        raise ImproperlyConfigured(
+            "TXHUB_SECURE_PROXY_SSL_HEADER must be '<header>,<value>', "
+            "e.g. HTTP_X_FORWARDED_PROTO,https"
+        )
+    SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1])
+# The console's POSTs pass Django's origin check behind a proxy: e.g. "https://txhub.example.com".
+CSRF_TRUSTED_ORIGINS = env_list("TXHUB_CSRF_TRUSTED_ORIGINS", "")
+# Secrets shown once (a new token, a signing secret) travel in a message: kept server-side in the
+# session, never in a cookie the browser (or a proxy's log) keeps.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -50,6 +100,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",  # login throttling for the console and the admin (docs/decisions/0012)
     "apps.broker",
     "apps.console",
 ]
@@ -63,6 +114,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "txhub.urls"
@@ -122,15 +175,62 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("TXHUB_STATIC_ROOT") or None  # collectstatic target, if used
 WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
 
+# --- Login throttling (docs/decisions/0012) -----------------------------------------------------
+# django-axes counts failed console and admin logins in Postgres (its AccessAttempt table, shared
+# by every web process). After TXHUB_LOGIN_FAILURE_LIMIT failures for one username from one
+# address, that pair is refused (429, even with the right password) for
+# TXHUB_LOGIN_COOLOFF_SECONDS; other users and other addresses are not. Behind a proxy every
+# client has the proxy's address, so the lock is in effect per username. `manage.py axes_reset`
+# lifts every lock at once.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before the check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("TXHUB_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("TXHUB_LOGIN_COOLOFF_SECONDS", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept (and expire); successful logins are not logged
+AXES_ENABLED = env_bool("TXHUB_LOGIN_THROTTLE", True)
+
 LOGIN_URL = "/console/login/"
 LOGIN_REDIRECT_URL = "/console/"
 
 # A base64 body of 4 MiB is ~5.6 MB of JSON; the API's own parser enforces the real limits.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
+# --- Cache and API rate limits (docs/decisions/0011) --------------------------------------------
+# One Redis cache shared by every web process (db 3: Celery uses 0, the tests 1 and 2). Short
+# socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
+TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": TXHUB_CACHE_URL,
+        "KEY_PREFIX": "txhub",
+        "OPTIONS": {
+            "socket_connect_timeout": env_float("TXHUB_CACHE_TIMEOUT", 0.25),
+            "socket_timeout": env_float("TXHUB_CACHE_TIMEOUT", 0.25),
+        },
+    }
+}
+TXHUB_THROTTLE_CACHE = "default"
+# Per API token, DRF's syntax ("2000/s", "100/min"); "0" or empty turns rate limiting off.
+TXHUB_THROTTLE_RATE = env_str("TXHUB_THROTTLE_RATE", "2000/s").strip()
+if TXHUB_THROTTLE_RATE in {"", "0"} or TXHUB_THROTTLE_RATE.startswith("0/"):
+    TXHUB_THROTTLE_RATE = ""
+else:
+    _num, _, _period = TXHUB_THROTTLE_RATE.partition("/")
+    if not (_num.isdecimal() and _period[:1] in {"s", "m", "h", "d"}):
+        raise ImproperlyConfigured(
+            f"TXHUB_THROTTLE_RATE={TXHUB_THROTTLE_RATE!r}: expected e.g. 2000/s, 100/min, or 0"
+        )
+_THROTTLE_CLASSES = ["apps.broker.api.throttling.TokenRateThrottle"] if TXHUB_THROTTLE_RATE else []
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["apps.broker.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": _THROTTLE_CLASSES,
     "DEFAULT_PARSER_CLASSES": ["apps.broker.api.parsers.LimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "apps.broker.api.errors.exception_handler",
@@ -238,6 +338,8 @@ TXHUB_RECONCILE_OUTPUT = Path(
 )
 # When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
+# /metrics reads its Postgres gauges at most once per this many seconds per web process.
+TXHUB_METRICS_CACHE_SECONDS = env_float("TXHUB_METRICS_CACHE_SECONDS", 5)
 
 LOGGING = {
     "version": 1,

@@ -122,9 +122,10 @@ class DatabaseCollector(Collector):
         yield from (transactions, oldest, delayed, lag, in_flight, dlq)
 
 
-def scrape_registry() -> CollectorRegistry:
+def scrape_registry(database: Collector | None = None) -> CollectorRegistry:
+    """The scrape's registry; `database` replaces the Postgres gauges (e.g. a cached copy)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector())
+    registry.register(database or DatabaseCollector())
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:

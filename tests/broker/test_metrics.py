@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import requests
 from django.test import Client
 from django.utils import timezone
@@ -21,6 +22,13 @@ from tests.conftest import ROOT, Server, free_port, start_gunicorn
 from tests.helpers import expect
 
 PRODUCER = Actor(Resolver.PRODUCER, "test")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gauges(settings: Any) -> None:
+    """These tests change the database between scrapes and read the new state at once; the
+    scrape-storm cache (TXHUB_METRICS_CACHE_SECONDS) has its own test in tests/prod."""
+    settings.TXHUB_METRICS_CACHE_SECONDS = 0
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

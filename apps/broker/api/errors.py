@@ -3,6 +3,7 @@
 
 import json
 import logging
+import math
 from itertools import islice
 from typing import Any
 
@@ -114,10 +115,14 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         details = exc.detail if isinstance(exc.detail, dict) else {"errors": exc.detail}
     elif isinstance(exc, exceptions.Throttled):
         message = str(exc.detail)
-        details = {"retry_after": getattr(exc, "wait", None)}
     else:
         message = str(exc.detail)
     headers = {}
+    if isinstance(exc, exceptions.Throttled):
+        # Whole seconds, at least 1 (RFC 9110 delay-seconds); DRF's own handler would set it.
+        retry_after = max(1, math.ceil(getattr(exc, "wait", None) or 1))
+        details = {"retry_after": retry_after}
+        headers["Retry-After"] = str(retry_after)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         code, exc.status_code = "unauthenticated", 401
         headers["WWW-Authenticate"] = 'Bearer realm="txhub"'

@@ -1,0 +1,103 @@
+"""Per-token rate limits (CONTRACT section 6): TXHUB_THROTTLE_RATE, counted in the shared cache.
+
+The budget of a token is one counter per fixed window in Redis (Django's RedisCache, the
+"default" cache), so every web process of a deployment draws from the same budget
+(docs/decisions/0011). DRF's own SimpleRateThrottle keeps a list of timestamps read and written
+back with get + set: two processes can both read the old list and both let a request through, and
+at 2000/s the list is 2000 floats pickled per request. An atomic INCR per request has neither
+problem; the price is the fixed window's known edge (up to twice the rate across a boundary).
+"""
+
+import logging
+import math
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+from rest_framework.request import Request
+from rest_framework.throttling import SimpleRateThrottle
+
+logger = logging.getLogger(__name__)
+
+# A cache outage is logged at most this often per process: at 2000 requests/s a line per request
+# would bury everything else in the log.
+OUTAGE_LOG_INTERVAL = 10.0
+_last_outage_log = 0.0
+
+
+class TokenRateThrottle(SimpleRateThrottle):
+    """TXHUB_THROTTLE_RATE requests per window for each API token (keyed by the token's id).
+
+    Throttles run once in DRF's `initial()`, so a long-poll receive counts once however long it
+    waits. Requests without a token are not counted here (they get 401 first)."""
+
+    scope = "token"
+    num_requests: int | None  # set by SimpleRateThrottle.__init__ from the rate
+    duration: int | None
+    now: float
+    cache_format = "txhub:throttle:%(scope)s:%(ident)s:%(window)d"
+
+    def get_rate(self) -> str | None:
+        return settings.TXHUB_THROTTLE_RATE or None
+
+    def get_cache_key(self, request: Request, view: Any) -> str | None:
+        if request.auth is None:
+            return None
+        window = int(self.now // (self.duration or 1))
+        return self.cache_format % {"scope": self.scope, "ident": request.auth, "window": window}
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if self.rate is None or self.num_requests is None or self.duration is None:
+            return True
+        self.now = self.timer()
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        try:
+            count = self._count(key)
+        except Exception:  # noqa: BLE001 - any cache failure: fail open, see _log_outage
+            _log_outage()
+            return True
+        return bool(count <= self.num_requests)
+
+    def _count(self, key: str) -> int:
+        """This request's number in its window, atomically across every process."""
+        cache = caches[settings.TXHUB_THROTTLE_CACHE]
+        # The key outlives its window by a margin: it is gone soon after, never before.
+        timeout = int(self.duration or 1) + 5
+        if isinstance(cache, RedisCache):
+            # One round trip (INCR creates the key at 1, EXPIRE bounds it) through the cache's
+            # own connection pool. Django's portable incr below costs two or three (EXISTS,
+            # INCRBY, and `add` for a new window).
+            full_key = cache.make_and_validate_key(key)
+            client = cache._cache.get_client(full_key, write=True)
+            pipeline = client.pipeline(transaction=False)
+            pipeline.incr(full_key)
+            pipeline.expire(full_key, timeout)
+            count, _ = pipeline.execute()
+            return int(count)
+        try:
+            return int(cache.incr(key))
+        except ValueError:  # the window's first request (or its first after an expiry)
+            if cache.add(key, 1, timeout=timeout):
+                return 1
+            return int(cache.incr(key))  # another process created it in between
+
+    def wait(self) -> float:
+        """Whole seconds until the window ends, at least 1 (Retry-After)."""
+        duration = self.duration or 1
+        remaining = duration - (self.now % duration)
+        return float(max(1, math.ceil(remaining)))
+
+
+def _log_outage() -> None:
+    global _last_outage_log
+    now = time.monotonic()
+    if now - _last_outage_log >= OUTAGE_LOG_INTERVAL:
+        _last_outage_log = now
+        logger.warning(
+            "rate limiting is off: the throttle cache is unreachable; requests pass unthrottled",
+            exc_info=True,
+        )

@@ -1,0 +1,145 @@
+"""Per-token rate limits (CONTRACT section 6) on real gunicorns sharing one Redis budget."""
+
+import contextlib
+import math
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+from django.conf import settings as django_settings
+from django.core.cache import caches
+from rest_framework.test import APIClient
+
+from apps.broker.api.throttling import TokenRateThrottle
+from apps.broker.services import registry
+from tests.conftest import free_port, start_gunicorn
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+RATE = 5
+WINDOW = 60  # "5/min": a burst of a few seconds nearly always sits in one window
+
+
+def fresh_budget(token_id: int, duration: int) -> None:
+    """The test database is new each run, so token ids repeat: a rerun within the window would
+    find the previous run's count in Redis under the same id."""
+    now = time.time()
+    for window in (int(now // duration), int(now // duration) + 1):
+        key = TokenRateThrottle.cache_format % {
+            "scope": TokenRateThrottle.scope,
+            "ident": token_id,
+            "window": window,
+        }
+        caches[django_settings.TXHUB_THROTTLE_CACHE].delete(key)
+
+
+def token(name: str, *scopes: str) -> dict[str, str]:
+    created, raw = registry.token_create(name=name, scopes=list(scopes or ["admin"]))
+    fresh_budget(created.pk, WINDOW)
+    fresh_budget(created.pk, 3600)
+    return {"Authorization": f"Bearer {raw}"}
+
+
+@contextlib.contextmanager
+def web(**env: str) -> Iterator[str]:
+    port = free_port()
+    process = start_gunicorn(port, workers=2, threads=4, extra_env=env)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def windows_touched(start: float, end: float) -> int:
+    return math.floor(end / WINDOW) - math.floor(start / WINDOW) + 1
+
+
+def burst(bases: list[str], headers: dict[str, str], n: int) -> tuple[list[Any], int]:
+    """n GETs spread round-robin over the servers; the responses and the windows they spanned."""
+    start = time.time()
+    answers = [
+        requests.get(bases[i % len(bases)] + "/api/v1/topics", headers=headers, timeout=30)
+        for i in range(n)
+    ]
+    return answers, windows_touched(start, time.time())
+
+
+def test_a_burst_over_the_rate_gets_429_with_retry_after_and_other_tokens_are_unaffected(
+    transactional_db: None,
+) -> None:
+    first, second = token("first"), token("second")
+    with web(TXHUB_THROTTLE_RATE=f"{RATE}/min") as base:
+        answers, windows = burst([base], first, 3 * RATE)
+        ok = [a for a in answers if a.status_code == 200]
+        throttled = [a for a in answers if a.status_code == 429]
+        assert len(ok) + len(throttled) == len(answers)
+        assert RATE <= len(ok) <= RATE * windows
+        assert throttled
+        for answer in throttled:
+            retry_after = answer.headers["Retry-After"]
+            assert retry_after.isdigit()
+            assert 1 <= int(retry_after) <= WINDOW
+            error = answer.json()["error"]
+            assert error["code"] == "throttled"
+            assert error["message"]
+            assert error["details"] == {"retry_after": int(retry_after)}
+        # Another token has a budget of its own.
+        assert requests.get(base + "/api/v1/topics", headers=second, timeout=30).status_code == 200
+
+
+def test_two_web_servers_share_one_budget(transactional_db: None) -> None:
+    headers = token("shared")
+    env = {"TXHUB_THROTTLE_RATE": f"{RATE}/min"}
+    with web(**env) as one, web(**env) as two:
+        answers, windows = burst([one, two], headers, 4 * RATE)
+    ok_by_server = [
+        sum(1 for i, a in enumerate(answers) if a.status_code == 200 and i % 2 == s) for s in (0, 1)
+    ]
+    # Both served some, and together no more than one budget per window: a budget per process
+    # would let each of them pass RATE.
+    assert all(ok_by_server)
+    assert RATE <= sum(ok_by_server) <= RATE * windows
+    assert {a.status_code for a in answers} == {200, 429}
+
+
+def test_rate_zero_turns_throttling_off(transactional_db: None) -> None:
+    headers = token("unlimited")
+    with web(TXHUB_THROTTLE_RATE="0") as base:
+        answers, _ = burst([base], headers, 3 * RATE)
+    assert {a.status_code for a in answers} == {200}
+
+
+def test_an_unreachable_cache_fails_open(transactional_db: None) -> None:
+    headers = token("cache-down")
+    dead = free_port()  # nothing listens there
+    with web(
+        TXHUB_THROTTLE_RATE=f"{RATE}/min", TXHUB_CACHE_URL=f"redis://127.0.0.1:{dead}/3"
+    ) as base:
+        answers, _ = burst([base], headers, 3 * RATE)
+    assert {a.status_code for a in answers} == {200}
+
+
+@pytest.mark.django_db
+def test_a_long_poll_receive_counts_once_however_long_it_waits(
+    setup_topic: Any, settings: Any
+) -> None:
+    """In process (same throttle, same Redis): each receive below polls Postgres ~10 times while it
+    waits; it draws one request from the budget."""
+    names = setup_topic()
+    settings.TXHUB_THROTTLE_RATE = "3/h"
+    consumer = APIClient()
+    header = token("poller", f"consume:{names['consumer']}")["Authorization"]
+    consumer.credentials(HTTP_AUTHORIZATION=header)
+    path = f"/api/v1/consumer-groups/{names['consumer']}/receive"
+    start = time.time()
+    statuses = [
+        consumer.post(path, {"topic": names["topic"], "wait_seconds": 1}, format="json").status_code
+        for _ in range(4)
+    ]
+    if math.floor(time.time() / 3600) != math.floor(start / 3600):
+        pytest.skip("the burst crossed an hour boundary")
+    assert statuses == [200, 200, 200, 429]

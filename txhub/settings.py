@@ -252,6 +252,8 @@ SPECTACULAR_SETTINGS = {
 
 # Celery: Redis carries only triggers; Postgres is the source of truth.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/0")
+# Redis, without the restore-on-close that kills a worker when Redis goes away (see the module).
+CELERY_BROKER_TRANSPORT = "txhub.broker_transport:Transport"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -53,7 +53,12 @@ def checkback_scan() -> int:
     time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 10,
 )
 def checkback_run(half_id: int) -> str:
-    return checkback.checkback_run(half_id=half_id)
+    try:
+        return checkback.checkback_run(half_id=half_id)
+    finally:
+        # The group's freed slot goes to its next due check now, not at the next scan.
+        for next_id in checkback.checkback_claim_next(after=half_id):
+            checkback_run.delay(next_id)
 
 
 @shared_task(acks_late=True)

@@ -113,6 +113,32 @@ def test_one_slow_group_cannot_take_every_check(db: None, settings: Any) -> None
     assert checkback.checkback_claim_due() == []
 
 
+def test_a_finished_check_hands_its_slot_to_its_groups_next_due_check(
+    db: None, settings: Any
+) -> None:
+    """A group's backlog drains as fast as its checks answer, not one cap-full per scan."""
+    settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = 2
+    topic = registry.topic_create(name="orders", queues=1)
+    busy, other = make_group(name="busy"), make_group(name="other")
+    backlog = [prepare(busy, topic) for _ in range(5)]
+    others = [prepare(other, topic) for _ in range(3)]
+    make_due(*backlog, *others)
+    first = checkback.checkback_claim_due()
+    mine = [pk for pk in first if pk in {h.pk for h in backlog}]
+    assert len(mine) == 2
+    # Both slots still held: nothing more for the group, whoever asks.
+    assert checkback.checkback_claim_next(after=mine[0]) == []
+    HalfMessage.objects.filter(pk__in=[h.pk for h in others]).update(
+        checking_until=None, next_check_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert checkback.checkback_apply(half_id=mine[0], result=result("COMMIT")) == "COMMIT"
+    # One slot free: exactly one more of the same group, never another group's due row.
+    [following] = checkback.checkback_claim_next(after=mine[0])
+    assert following in {h.pk for h in backlog} - set(mine)
+    assert checkback.checkback_claim_next(after=mine[0]) == []
+    assert HalfMessage.objects.get(pk=following).checking_until is not None
+
+
 @pytest.mark.parametrize(
     ("answer", "state", "resolved_by"),
     [("COMMIT", "COMMITTED", "CHECK_BACK"), ("ROLLBACK", "ROLLED_BACK", "CHECK_BACK")],

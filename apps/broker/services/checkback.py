@@ -148,6 +148,7 @@ WITH inflight AS (
 due AS (
     SELECT id, producer_group_id, next_check_at FROM broker_halfmessage
     WHERE state = 'PREPARED' AND next_check_at <= %(now)s
+      AND (%(group)s::bigint IS NULL OR producer_group_id = %(group)s::bigint)
     ORDER BY next_check_at LIMIT %(window)s
 ),
 ranked AS (
@@ -168,8 +169,9 @@ RETURNING id
 """
 
 
-def checkback_claim_due() -> list[int]:
-    """Claims due PREPARED transactions for checking, at most N in flight per producer group.
+def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
+    """Claims due PREPARED transactions for checking, at most N in flight per producer group
+    (only that group's with `producer_group_id`).
 
     Lock, SKIP LOCKED: two scans (or a scan racing a commit) never claim the same row; a row being
     resolved right now is skipped and, once resolved, is no longer PREPARED. The claim moves
@@ -186,9 +188,23 @@ def checkback_claim_due() -> list[int]:
                 "window": settings.TXHUB_CHECK_BATCH * 4,
                 "batch": settings.TXHUB_CHECK_BATCH,
                 "per_group": settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP,
+                "group": producer_group_id,
             },
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+def checkback_claim_next(*, after: int) -> list[int]:
+    """The group's next due checks, claimed when one of its checks ends (`after`, a half id).
+
+    Without this a group's checks advance only once per scan: at most the per-group cap per
+    TXHUB_SCAN_SECONDS, so a producer that crashed with a thousand open transactions (or a
+    backlog left by checks whose workers died) drains at a couple of checks a second. The freed
+    slot is refilled at once instead; the cap and the lease are the scan's."""
+    group = HalfMessage.objects.filter(pk=after).values_list("producer_group_id", flat=True)
+    for producer_group_id in group:
+        return checkback_claim_due(producer_group_id=producer_group_id)
+    return []
 
 
 def checkback_park_stale() -> int:

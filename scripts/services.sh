@@ -31,6 +31,8 @@ ensure_debian_packages() {
   # The nightly reconciliation: PySpark needs Java 17 and reads Postgres with Debian's JDBC driver.
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
+  # The chaos suite's clock-skew case (F12) runs Celery under libfaketime.
+  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(faketime)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq

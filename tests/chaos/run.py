@@ -25,6 +25,7 @@ from tests.chaos.check import Report, check, deliveries, expectations
 from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
 from tests.chaos.netns import Namespace
+from tests.chaos.skew import worker_clock_skewed
 from tests.chaos.workload import CheckEndpoint, Workload
 from tests.faultproxy import FaultProxy
 
@@ -51,7 +52,7 @@ class Context:
     cluster: Cluster
     scale: float  # < 1 shortens the fault (make test)
     workload: Workload
-    endpoint_url: str  # the producer's check endpoint, on the loopback
+    endpoint: CheckEndpoint  # the producer's check endpoint, on the loopback
     violations: list[str] = field(default_factory=list)
 
     def set_check_url(self, url: str) -> None:
@@ -123,7 +124,7 @@ def callback_black_holed(ctx: Context) -> None:
         ctx.set_check_url(f"http://127.0.0.1:{silent.getsockname()[1]}/check")
         time.sleep(10 * ctx.scale)
     finally:
-        ctx.set_check_url(ctx.endpoint_url)
+        ctx.set_check_url(ctx.endpoint.url)
         silent.close()
         namespace.delete()
     limit_ms = float(SETTINGS["TXHUB_CHECK_HTTP_TIMEOUT"]) * 1000 + 1500
@@ -140,14 +141,14 @@ def callback_black_holed(ctx: Context) -> None:
 
 def callback_slow_and_lossy(ctx: Context) -> None:
     """3 s +- 0.5 s before each check reaches the producer; 10% of connections reset."""
-    host, port = ctx.endpoint_url.split("//")[1].split("/")[0].split(":")
+    host, port = ctx.endpoint.url.split("//")[1].split("/")[0].split(":")
     proxy = FaultProxy((host, int(port)), seed=11)
     proxy.delay, proxy.jitter, proxy.reset_share = 3.0, 0.5, 0.1
     try:
         ctx.set_check_url(proxy.url + "/check")
         time.sleep(25 * ctx.scale)
     finally:
-        ctx.set_check_url(ctx.endpoint_url)
+        ctx.set_check_url(ctx.endpoint.url)
         proxy.close()
     if not proxy.connections:
         ctx.violations.append("no check went through the proxy: the fault did not bite")
@@ -213,6 +214,13 @@ CASES = {
             callback_black_holed,
         ),
         Case("F11", "callback slow (3 s +- 0.5 s) and lossy (10% reset)", callback_slow_and_lossy),
+        Case(
+            "F12",
+            "clock skew: every Celery worker and beat +600 s (libfaketime)",
+            lambda ctx: worker_clock_skewed(
+                ctx, transaction_timeout=float(SETTINGS["TXHUB_TRANSACTION_TIMEOUT"])
+            ),
+        ),
         Case("F13", "SIGSTOP of a gunicorn worker for 20 s, then SIGCONT", web_worker_stopped),
     ]
 }
@@ -230,7 +238,7 @@ def run_case(
         workload.start(producers=4, consumers=2)
         time.sleep(5 * scale)
         started = time.monotonic()
-        context = Context(cluster, scale, workload, endpoint.url)
+        context = Context(cluster, scale, workload, endpoint)
         case.inject(context)
         healed = time.monotonic()
         time.sleep(5 * scale)

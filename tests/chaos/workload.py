@@ -47,6 +47,8 @@ class CheckEndpoint:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.checks = 0
+        # When each transaction's first check arrived, by this (the producer's) clock.
+        self.first_check: dict[str, float] = {}
 
         endpoint = self
 
@@ -54,6 +56,7 @@ class CheckEndpoint:
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 check = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.checks += 1
+                endpoint.first_check.setdefault(check.get("transaction_id", ""), time.time())
                 state = intent_of(check.get("body", "x|UNKNOWN"))[0]
                 answer = json.dumps({"state": state}).encode()
                 self.send_response(200)

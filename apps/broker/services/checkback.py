@@ -32,6 +32,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from apps.broker import failpoints
+from apps.broker.clock import db_now
 from apps.broker.metrics import CHECKBACK_ATTEMPTS, CHECKBACK_LATENCY
 from apps.broker.models import HalfMessage, OpKind, OpRecord, ProducerGroup, Resolver
 from apps.broker.models import TransactionState as State
@@ -142,12 +143,12 @@ def callback_url_check(url: str) -> list[str]:
 CLAIM_SQL = """
 WITH inflight AS (
     SELECT producer_group_id, count(*) AS n FROM broker_halfmessage
-    WHERE state = 'PREPARED' AND checking_until > %(now)s
+    WHERE state = 'PREPARED' AND checking_until > statement_timestamp()
     GROUP BY producer_group_id
 ),
 due AS (
     SELECT id, producer_group_id, next_check_at FROM broker_halfmessage
-    WHERE state = 'PREPARED' AND next_check_at <= %(now)s
+    WHERE state = 'PREPARED' AND next_check_at <= statement_timestamp()
       AND (%(group)s::bigint IS NULL OR producer_group_id = %(group)s::bigint)
     ORDER BY next_check_at LIMIT %(window)s
 ),
@@ -157,11 +158,13 @@ ranked AS (
         coalesce(inflight.n, 0) AS busy
     FROM due LEFT JOIN inflight USING (producer_group_id)
 )
-UPDATE broker_halfmessage SET checking_until = %(lease)s, next_check_at = %(lease)s
+UPDATE broker_halfmessage
+SET checking_until = statement_timestamp() + make_interval(secs => %(lease)s),
+    next_check_at = statement_timestamp() + make_interval(secs => %(lease)s)
 WHERE id IN (
     SELECT h.id FROM broker_halfmessage h JOIN ranked ON ranked.id = h.id
     WHERE ranked.rank + ranked.busy <= %(per_group)s
-      AND h.state = 'PREPARED' AND h.next_check_at <= %(now)s
+      AND h.state = 'PREPARED' AND h.next_check_at <= statement_timestamp()
     ORDER BY h.next_check_at LIMIT %(batch)s
     FOR UPDATE OF h SKIP LOCKED
 )
@@ -177,14 +180,12 @@ def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
     resolved right now is skipped and, once resolved, is no longer PREPARED. The claim moves
     next_check_at to the lease's end, so a check whose worker died is due again after the lease.
     """
-    now = timezone.now()
-    lease = now + timedelta(seconds=settings.TXHUB_CHECK_HTTP_TIMEOUT + 30)
+    # The database clock throughout (apps/broker/clock.py): a worker's own clock never decides.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             CLAIM_SQL,
             {
-                "now": now,
-                "lease": lease,
+                "lease": settings.TXHUB_CHECK_HTTP_TIMEOUT + 30,
                 "window": settings.TXHUB_CHECK_BATCH * 4,
                 "batch": settings.TXHUB_CHECK_BATCH,
                 "per_group": settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP,
@@ -212,7 +213,7 @@ def checkback_park_stale() -> int:
 
     Row by row: a row that cannot be read back is logged, counted and skipped (scans.py), and the
     claim that follows in the same scan still runs for every other group."""
-    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
+    cutoff = db_now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
     stale = HalfMessage.objects.filter(state=State.PREPARED, born_at__lt=cutoff).exclude(
         pk__in=scans.skipped("checkback_park_stale")
     )
@@ -473,7 +474,7 @@ def checkback_run(*, half_id: int) -> str:
         # it is not retried every lease; logged and counted for an operator to repair.
         scans.row_failed("checkback_run", half_id, error)
         HalfMessage.objects.filter(pk=half_id).update(
-            checking_until=None, next_check_at=timezone.now() + timedelta(days=1)
+            checking_until=None, next_check_at=db_now() + timedelta(days=1)
         )
         return "unreadable"
     if half is None or half.state != State.PREPARED:
@@ -487,7 +488,7 @@ def checkback_run(*, half_id: int) -> str:
 
 
 def checkback_apply(*, half_id: int, result: CheckResult) -> str:
-    now = timezone.now()
+    now = db_now()
     detail = {
         "answer": result.answer,
         "reached": result.reached,

@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.broker import failpoints
+from apps.broker.clock import db_now
 from apps.broker.models import (
     CommitLogEntry,
     ConsumeFrom,
@@ -206,7 +207,7 @@ def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: da
 
 def deliveries_expire() -> int:
     """Periodic: dead-letter every exhausted message, even in groups nobody receives from now."""
-    now = timezone.now()
+    now = db_now()  # a worker's skewed clock must not expire what a consumer still holds
     ids = ConsumerGroup.objects.exclude(pk__in=scans.skipped("deliveries_expire")).values_list(
         "pk", flat=True
     )

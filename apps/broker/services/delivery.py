@@ -11,6 +11,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.broker import limits
+from apps.broker.clock import db_now
 from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import CommitLogEntry, DelayedMessage
 from apps.broker.services import scans
@@ -137,7 +138,7 @@ def retention_sweep(*, batch: int = 5000) -> dict[str, int]:
     op records) and commit-log rows (with their deliveries). Never anything unresolved."""
     from apps.broker.models import HalfMessage, TransactionState
 
-    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_RETENTION)
+    cutoff = db_now() - timedelta(seconds=settings.TXHUB_RETENTION)
     halves = HalfMessage.objects.filter(
         state__in=[TransactionState.COMMITTED, TransactionState.ROLLED_BACK], resolved_at__lt=cutoff
     )

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.broker import failpoints
+from apps.broker.clock import db_now
 from apps.broker.models import IdempotencyKey, ProducerGroup
 from apps.broker.services.errors import Conflict, invalid
 
@@ -94,7 +95,7 @@ def answer_once(
 
 def idempotency_sweep(*, batch: int = 5000) -> int:
     """Forgets keys older than TXHUB_IDEMPOTENCY_TTL, in batches."""
-    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_IDEMPOTENCY_TTL)
+    cutoff = db_now() - timedelta(seconds=settings.TXHUB_IDEMPOTENCY_TTL)
     deleted = 0
     while True:
         ids = list(

@@ -289,6 +289,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # txhub behaviour (CONTRACT section 3 and 4).
 TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
+# A batch (messages:batch, transactions:batch) carries at most this much body in all.
+TXHUB_MAX_BATCH_BYTES = env_int("TXHUB_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 TXHUB_MAX_PROPERTIES = 128
 TXHUB_MAX_META_BYTES = 16 * 1024
 TXHUB_LONG_POLL_INTERVAL = env_float("TXHUB_LONG_POLL_INTERVAL", 0.1)

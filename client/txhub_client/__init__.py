@@ -10,6 +10,7 @@ from txhub_client.checkback import (
 from txhub_client.consumer import ReceivedMessage, SimpleConsumer
 from txhub_client.http import TxhubError
 from txhub_client.producer import (
+    BatchOutcome,
     LocalTransactionState,
     Message,
     Producer,
@@ -21,6 +22,7 @@ from txhub_client.producer import (
 
 __all__ = [
     "Barrier",
+    "BatchOutcome",
     "BarrierRolledBack",
     "CheckbackApp",
     "InvalidSignature",

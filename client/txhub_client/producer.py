@@ -115,6 +115,57 @@ class Producer:
             answer.get("deliver_at"),
         )
 
+    def send_batch(
+        self, messages: list[Message], *, idempotency_key: str | None = None
+    ) -> list[SendResult]:
+        """Up to 64 messages of one topic (4 MiB of bodies in all) in one request: all stored or
+        none, results in the same order. Retried with one key like `send`."""
+        topic = _one_topic(messages)
+        answer = self.api.call(
+            "POST",
+            f"/topics/{topic}/messages:batch",
+            {"producer_group": self.group, "messages": [_item(m, self.group) for m in messages]},
+            idempotency_key=idempotency_key or uuid.uuid4().hex,
+            retries=self.retries,
+        )
+        results = []
+        for message, sent in zip(messages, answer["results"], strict=True):
+            message.msg_id = sent["msg_id"]
+            results.append(
+                SendResult(
+                    sent["msg_id"],
+                    sent["topic"],
+                    sent["queue_id"],
+                    sent["queue_offset"],
+                    sent.get("deliver_at"),
+                )
+            )
+        return results
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One transaction of a batch commit or rollback: its state, or the error it got alone."""
+
+    transaction_id: str
+    status: int
+    state: str | None  # COMMITTED / ROLLED_BACK when status is 200
+    queue_offset: int | None = None
+    error: TxhubError | None = None
+
+
+def _one_topic(messages: list[Message]) -> str:
+    topics = {m.topic for m in messages}
+    if len(topics) != 1:
+        raise ValueError("A batch goes to one topic.")
+    return topics.pop()
+
+
+def _item(message: Message, group: str) -> dict[str, Any]:
+    data = message.payload(group)
+    del data["producer_group"]  # named once by the batch
+    return data
+
 
 class TransactionProducer(Producer):
     """RocketMQ's TransactionMQProducer: prepare, run the local transaction, end it."""
@@ -177,3 +228,56 @@ class TransactionProducer(Producer):
         return TransactionSendResult(
             prepared["msg_id"], prepared["transaction_id"], local, state, offset, error
         )
+
+    def prepare_batch(
+        self, messages: list[Message], *, idempotency_key: str | None = None
+    ) -> list[Message]:
+        """Half messages for up to 64 messages of one topic, stored together or not at all;
+        fills in each message's msg_id and transaction_id. End them with `end_batch` (or one by
+        one); what is never ended is settled by check-back, as for a single prepare."""
+        topic = _one_topic(messages)
+        items = [_item(m, self.group) for m in messages]
+        if self.check_immunity_seconds is not None:
+            for item in items:
+                item["check_immunity_seconds"] = self.check_immunity_seconds
+        answer = self.api.call(
+            "POST",
+            "/transactions:batch",
+            {"producer_group": self.group, "topic": topic, "messages": items},
+            idempotency_key=idempotency_key or uuid.uuid4().hex,
+            retries=self.retries,
+        )
+        for message, prepared in zip(messages, answer["results"], strict=True):
+            message.msg_id = prepared["msg_id"]
+            message.transaction_id = prepared["transaction_id"]
+        return messages
+
+    def end_batch(self, transaction_ids: list[str], *, commit: bool) -> list[BatchOutcome]:
+        """Commits (or rolls back) up to 64 transactions in one request; each is resolved on its
+        own (one already rolled back answers 409 in its slot, the others are still committed).
+        A repeat answers the first resolutions, so it is retried like a single end call."""
+        answer = self.api.call(
+            "POST",
+            f"/transactions:{'commit' if commit else 'rollback'}",
+            {"transaction_ids": transaction_ids},
+            retries=self.retries,
+            repeatable=True,
+        )
+        outcomes = []
+        for slot in answer["results"]:
+            if slot["status"] == 200:
+                result = slot["result"]
+                outcomes.append(
+                    BatchOutcome(
+                        slot["transaction_id"], 200, result["state"], result.get("queue_offset")
+                    )
+                )
+            else:
+                error = slot["error"]
+                failure = TxhubError(
+                    slot["status"], error["code"], error["message"], error["details"]
+                )
+                outcomes.append(
+                    BatchOutcome(slot["transaction_id"], slot["status"], None, None, failure)
+                )
+        return outcomes

@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             report = run_case(cluster, token, CASES[name], scale=scale, out=out, seed=args.seed)
             print(report.line(), flush=True)
+            failed = failed or not report.ok
             if args.verbose or not report.ok:
-                failed = True
                 print(report.details(), flush=True)
         if not args.no_reconcile:
             agreed, printed = reconcile(cluster)

@@ -117,6 +117,30 @@ def test_producer_sends_normal_binary_and_delayed_messages(shop: Any) -> None:
     assert delayed.msg_id not in got
 
 
+def test_batches_send_prepare_and_end_with_one_outcome_per_transaction(shop: Any) -> None:
+    producer = TransactionProducer(
+        shop["url"], shop["token"], "shop", Listener(lambda m, a: LocalTransactionState.UNKNOW)
+    )
+    sent = producer.send_batch([Message("orders", f"plain {n}", keys=[str(n)]) for n in range(3)])
+    assert all(result.queue_offset is not None for result in sent)
+    halves = producer.prepare_batch([Message("orders", f"tx {n}") for n in range(3)])
+    ids = [str(m.transaction_id) for m in halves]
+    rolled = producer.end_batch(ids[2:], commit=False)
+    assert [(o.status, o.state) for o in rolled] == [(200, "ROLLED_BACK")]
+    ended = producer.end_batch(ids, commit=True)
+    assert [(o.transaction_id, o.status, o.state) for o in ended[:2]] == [
+        (ids[0], 200, "COMMITTED"),
+        (ids[1], 200, "COMMITTED"),
+    ]
+    assert ended[2].status == 409
+    assert ended[2].error is not None
+    assert ended[2].error.code == "transaction_resolved"
+    bodies = sorted(m.body for m in consumer(shop).receive(max_messages=32, wait_seconds=1))
+    assert bodies == ["plain 0", "plain 1", "plain 2", "tx 0", "tx 1"]
+    with pytest.raises(ValueError, match="one topic"):
+        producer.send_batch([Message("orders", "a"), Message("elsewhere", "b")])
+
+
 def test_errors_come_back_as_txhub_errors(shop: Any) -> None:
     producer = Producer(shop["url"], shop["token"], "shop")
     with pytest.raises(TxhubError) as raised:

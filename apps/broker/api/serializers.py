@@ -5,6 +5,7 @@ Inputs are strict: wrong JSON types and unknown fields are refused, never coerce
 
 import base64
 import binascii
+from dataclasses import replace
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
@@ -239,6 +240,83 @@ def _decode_body(attrs: dict[str, Any]) -> bytes:
 class TransactionIn(MessageIn):
     topic = NameField("topic")
     check_immunity_seconds = StrictIntegerField(required=False, min_value=0, max_value=259200)
+
+
+# Batches (CONTRACT: batch endpoints) ------------------------------------------------------------
+
+MAX_BATCH_MESSAGES = 64
+
+
+class BatchMessageIn(MessageIn):
+    """One message of a batch send: the batch names the producer group once."""
+
+    producer_group = None  # type: ignore[assignment]  # removes MessageIn's field
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return super().validate({**attrs, "producer_group": ""})  # set by the batch
+
+
+class BatchTransactionIn(BatchMessageIn):
+    """One half message of a batch prepare: the batch names the group and the topic once."""
+
+    check_immunity_seconds = StrictIntegerField(required=False, min_value=0, max_value=259200)
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID written as a JSON string (DRF's UUIDField would also take an integer)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value="(not a string)")
+        return super().to_internal_value(_strict_text(data))
+
+
+def _batch_size_checked(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The batch's bodies within TXHUB_MAX_BATCH_BYTES, each message given the batch's group."""
+    total = sum(len(item["message"].body) for item in attrs["messages"])
+    if total > settings.TXHUB_MAX_BATCH_BYTES:
+        raise PayloadTooLarge(
+            f"The batch's bodies add up to {total} bytes; at most "
+            f"{settings.TXHUB_MAX_BATCH_BYTES} are accepted in one batch."
+        )
+    group = attrs["producer_group"]
+    for item in attrs["messages"]:
+        item["message"] = replace(item["message"], producer_group=group)
+        item["producer_group"] = group
+    return attrs
+
+
+class SendBatchIn(StrictSerializer):
+    producer_group = NameField("producer_group")
+    messages = StrictListField(
+        child=BatchMessageIn(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return _batch_size_checked(attrs)
+
+
+class PrepareBatchIn(StrictSerializer):
+    producer_group = NameField("producer_group")
+    topic = NameField("topic")
+    messages = StrictListField(
+        child=BatchTransactionIn(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        return _batch_size_checked(attrs)
+
+
+class ResolveBatchIn(StrictSerializer):
+    transaction_ids = StrictListField(
+        child=StrictUUIDField(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+    )
+    reason = _text(required=False, allow_blank=True, max_length=2000)
+
+    def validate_transaction_ids(self, value: list[Any]) -> list[Any]:
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("Each transaction id may appear once in a batch.")
+        return value
 
 
 class ReasonIn(StrictSerializer):

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from apps.broker.api import (
+    batch_views,
     converters,  # noqa: F401  (registers <name:>, <msgid:>, <rowid:>)
     views,
 )
@@ -9,6 +10,7 @@ urlpatterns = [
     path("topics", views.TopicListView.as_view()),
     path("topics/<name:name>", views.TopicDetailView.as_view()),
     path("topics/<name:topic>/messages", views.TopicMessagesView.as_view()),
+    path("topics/<name:topic>/messages:batch", batch_views.SendBatchView.as_view()),
     path("producer-groups", views.ProducerGroupListView.as_view()),
     path("producer-groups/<name:name>", views.ProducerGroupDetailView.as_view()),
     path(
@@ -26,6 +28,9 @@ urlpatterns = [
     path("tokens", views.TokenListView.as_view()),
     path("tokens/<rowid:token_id>", views.TokenDetailView.as_view()),
     path("transactions", views.TransactionListView.as_view()),
+    path("transactions:batch", batch_views.PrepareBatchView.as_view()),
+    path("transactions:commit", batch_views.CommitBatchView.as_view()),
+    path("transactions:rollback", batch_views.RollbackBatchView.as_view()),
     path("transactions/<uuid:transaction_id>", views.TransactionDetailView.as_view()),
     path("transactions/<uuid:transaction_id>/commit", views.TransactionCommitView.as_view()),
     path("transactions/<uuid:transaction_id>/rollback", views.TransactionRollbackView.as_view()),

@@ -108,27 +108,42 @@ def message_send(
 ) -> Sent:
     """A normal send, visible at once or (delayed) at `deliver_at`. The 201 is sent only after
     this transaction committed."""
+    [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
+    return sent
+
+
+def message_send_batch(
+    *, topic: Topic, messages: list[tuple[OutgoingMessage, datetime | None]]
+) -> list[Sent]:
+    """Normal sends, all stored in one transaction or none; answers in the order given.
+
+    Appended in queue order: each queue's offset row stays locked until the commit, and two
+    batches (or a batch and a producer's commit) that take queue locks in the same order cannot
+    deadlock. Offsets within a queue follow the order of the batch."""
     from apps.broker.services.delivery import delayed_store
 
-    msg_id = new_msg_id()
-    queue_id = queue_for(topic=topic, msg_id=msg_id)
+    msg_ids = [new_msg_id() for _ in messages]
+    queues = [queue_for(topic=topic, msg_id=msg_id) for msg_id in msg_ids]
     now = timezone.now()
+    sent: list[Sent | None] = [None] * len(messages)
     with transaction.atomic():
-        if deliver_at is not None:
-            delayed_store(
-                topic_id=topic.pk,
-                queue_id=queue_id,
-                msg_id=msg_id,
-                message=message,
-                deliver_at=deliver_at,
-                born_at=now,
-            )
-            sent = Sent(msg_id, topic, queue_id, None, deliver_at)
-        else:
-            entry = commit_log_append(
-                topic=topic, queue_id=queue_id, msg_id=msg_id, message=message
-            )
-            sent = Sent(msg_id, topic, queue_id, entry.queue_offset, entry.stored_at)
+        for i in sorted(range(len(messages)), key=lambda i: (queues[i], i)):
+            message, deliver_at = messages[i]
+            if deliver_at is not None:
+                delayed_store(
+                    topic_id=topic.pk,
+                    queue_id=queues[i],
+                    msg_id=msg_ids[i],
+                    message=message,
+                    deliver_at=deliver_at,
+                    born_at=now,
+                )
+                sent[i] = Sent(msg_ids[i], topic, queues[i], None, deliver_at)
+            else:
+                entry = commit_log_append(
+                    topic=topic, queue_id=queues[i], msg_id=msg_ids[i], message=message, born_at=now
+                )
+                sent[i] = Sent(msg_ids[i], topic, queues[i], entry.queue_offset, entry.stored_at)
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_send_before_answer")
-    return sent
+    return [item for item in sent if item is not None]

@@ -31,7 +31,7 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services.delivery import delayed_store
-from apps.broker.services.errors import Conflict, NotFound, TransactionResolved
+from apps.broker.services.errors import BrokerError, Conflict, NotFound, TransactionResolved
 from apps.broker.services.sending import NEXT_QUEUE_OFFSET_SQL, OutgoingMessage, queue_for
 
 FINAL_STATES = (TransactionState.COMMITTED, TransactionState.ROLLED_BACK)
@@ -53,6 +53,16 @@ class Resolution:
     changed: bool = True  # False when the same resolution was already there (nothing written)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One half message to store: the message and how its delivery and first check are timed."""
+
+    message: OutgoingMessage
+    check_immunity_seconds: int | None = None
+    delay_level: int | None = None
+    deliver_at: datetime | None = None
+
+
 def transaction_prepare(
     *,
     producer_group: ProducerGroup,
@@ -65,27 +75,47 @@ def transaction_prepare(
 ) -> HalfMessage:
     """Stores the half message (invisible). A delay applies from the commit on: a level is kept
     as seconds to count from the commit, an instant as it is."""
-    msg_id = new_msg_id()
+    item = Prepared(message, check_immunity_seconds, delay_level, deliver_at)
+    [half] = transaction_prepare_batch(
+        producer_group=producer_group, topic=topic, items=[item], actor=actor
+    )
+    return half
+
+
+def transaction_prepare_batch(
+    *, producer_group: ProducerGroup, topic: Topic, items: list[Prepared], actor: Actor
+) -> list[HalfMessage]:
+    """Half messages of one group and topic, all stored in one transaction or none (one INSERT
+    for the halves, one for their PREPARE ops), in the order given."""
     now = timezone.now()
-    # The first check no sooner than TXHUB_TRANSACTION_TIMEOUT; immunity raises it, never lowers.
-    first_check = max(settings.TXHUB_TRANSACTION_TIMEOUT, check_immunity_seconds or 0)
-    with transaction.atomic():
-        half = HalfMessage.objects.create(
-            msg_id=msg_id,
-            producer_group=producer_group,
-            topic=topic,
-            queue_id=queue_for(topic=topic, msg_id=msg_id),
-            **message.row_fields(),
-            born_at=now,
-            check_immunity_seconds=check_immunity_seconds,
-            next_check_at=now + timedelta(seconds=first_check),
-            delay_seconds=limits.DELAY_LEVEL_SECONDS[delay_level - 1] if delay_level else None,
-            deliver_at=deliver_at,
+    halves = []
+    for item in items:
+        msg_id = new_msg_id()
+        # The first check no sooner than TXHUB_TRANSACTION_TIMEOUT; immunity raises it, never
+        # lowers it.
+        first_check = max(settings.TXHUB_TRANSACTION_TIMEOUT, item.check_immunity_seconds or 0)
+        halves.append(
+            HalfMessage(
+                msg_id=msg_id,
+                producer_group=producer_group,
+                topic=topic,
+                queue_id=queue_for(topic=topic, msg_id=msg_id),
+                **item.message.row_fields(),
+                born_at=now,
+                check_immunity_seconds=item.check_immunity_seconds,
+                next_check_at=now + timedelta(seconds=first_check),
+                delay_seconds=(
+                    limits.DELAY_LEVEL_SECONDS[item.delay_level - 1] if item.delay_level else None
+                ),
+                deliver_at=item.deliver_at,
+            )
         )
-        _record(half, OpKind.PREPARE, actor, at=now)
+    with transaction.atomic():
+        HalfMessage.objects.bulk_create(halves)
+        OpRecord.objects.bulk_create([_op(half, OpKind.PREPARE, actor, at=now) for half in halves])
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_half_insert")
-    return half
+    return halves
 
 
 def transaction_commit(
@@ -115,6 +145,52 @@ def transaction_rollback(
     return _resolve(
         transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail, producer_groups
     )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one transaction of a batch: its resolution, or the error it would have
+    answered on its own (the other transactions of the batch are not affected by it)."""
+
+    transaction_id: uuid.UUID
+    resolution: Resolution | None
+    error: BrokerError | None
+
+
+def transaction_resolve_batch(
+    *,
+    transaction_ids: list[uuid.UUID],
+    commit: bool,
+    actor: Actor,
+    reason: str = "",
+    producer_groups: Collection[str] | None = None,
+) -> list[Outcome]:
+    """Commits (or rolls back) each transaction as its own commit or rollback would, in one
+    database transaction; one outcome per id, in the order given. The ids must be distinct."""
+    target = TransactionState.COMMITTED if commit else TransactionState.ROLLED_BACK
+    outcomes: dict[uuid.UUID, Outcome] = {}
+    with transaction.atomic():
+        # Lock: every row of the batch, in id order, before any is changed. Two batches over the
+        # same transactions in opposite orders then queue up instead of deadlocking; a single
+        # commit (one row, then its queue) never waits for a row the batch could be waiting on.
+        places = {
+            tid: (topic_id, queue_id)
+            for tid, topic_id, queue_id in HalfMessage.objects.select_for_update(of=("self",))
+            .filter(transaction_id__in=transaction_ids)
+            .order_by("pk")
+            .values_list("transaction_id", "topic_id", "queue_id")
+        }
+        # Then the commits take their queue rows in (topic, queue) order, like every appending
+        # transaction (sending.message_send_batch, the delayed delivery scan).
+        for tid in sorted(transaction_ids, key=lambda tid: places.get(tid, (0, 0))):
+            try:
+                resolution = _resolve(tid, target, actor, reason, None, producer_groups)
+                outcomes[tid] = Outcome(tid, resolution, None)
+            except BrokerError as error:  # rolled back to _resolve's savepoint: nothing written
+                outcomes[tid] = Outcome(tid, None, error)
+    if commit and failpoints.ARMED:
+        failpoints.hit_after_commit("after_commit_before_answer")
+    return [outcomes[tid] for tid in transaction_ids]
 
 
 @transaction.atomic
@@ -307,7 +383,21 @@ def _record(
     detail: dict[str, Any] | None = None,
     at: Any = None,
 ) -> OpRecord:
-    return OpRecord.objects.create(
+    record = _op(half, op, actor, reason=reason, detail=detail, at=at)
+    record.save(force_insert=True)
+    return record
+
+
+def _op(
+    half: HalfMessage,
+    op: OpKind,
+    actor: Actor,
+    *,
+    reason: str = "",
+    detail: dict[str, Any] | None = None,
+    at: Any = None,
+) -> OpRecord:
+    return OpRecord(
         half=half,
         op=op,
         source=actor.source,

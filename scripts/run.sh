@@ -13,7 +13,8 @@ mkdir -p var/run
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$ROOT/var/metrics}"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-"$BIN/python" manage.py ensure_superuser
+# Shown again in the banner below, once everything answers (not buried under start-up logs).
+LOGIN="$("$BIN/python" manage.py ensure_superuser)"
 
 pids=()
 stop() {
@@ -39,9 +40,29 @@ pids+=($!)
 "$BIN/celery" -A txhub worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
   -Q callbacks -n "callbacks@%h" &
 pids+=($!)
-"$BIN/celery" -A txhub beat --loglevel INFO --schedule var/run/celerybeat-schedule &
+# Beat's "Sending due task" lines (several a second) are DEBUG chatter; warnings still show.
+"$BIN/celery" -A txhub beat --loglevel "${TXHUB_BEAT_LOG_LEVEL:-WARNING}" \
+  --schedule var/run/celerybeat-schedule &
 pids+=($!)
 
-echo "[run] txhub on http://127.0.0.1:$PORT  (API docs: /api/docs/, admin: /admin/)" >&2
+# The banner is the last thing printed before traffic: after the API answers and the workers
+# reply to a ping.
+for _ in $(seq 1 120); do
+  if "$BIN/python" - "$PORT" <<'PY' 2>/dev/null; then break; fi
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1).read()
+PY
+  sleep 0.5
+done
+"$BIN/celery" -A txhub inspect ping --timeout 10 >/dev/null 2>&1 || true
+cat >&2 <<BANNER
+
+  txhub is running
+    API       http://127.0.0.1:$PORT/api/v1/     (docs: http://127.0.0.1:$PORT/api/docs/)
+    console   http://127.0.0.1:$PORT/console/    (admin: http://127.0.0.1:$PORT/admin/)
+    login     ${LOGIN//$'\n'/$'\n'              }
+    Ctrl-C stops everything.
+
+BANNER
 # Whichever process ends first ends the run: a half-running txhub is worse than a stopped one.
 wait -n

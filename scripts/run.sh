@@ -13,6 +13,8 @@ mkdir -p var/run
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$ROOT/var/metrics}"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
+# Loopback producers speak plain HTTP: web (which checks the URL) and workers must both see this.
+export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 # Shown again in the banner below, once everything answers (not buried under start-up logs).
 LOGIN="$("$BIN/python" manage.py ensure_superuser)"
 
@@ -31,8 +33,7 @@ trap stop INT TERM EXIT
   --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
 # Scans on the default queue; producers' check calls on "callbacks", in a worker of their own, so
-# a slow producer never delays a scan (docs/decisions/0009). Loopback producers speak plain HTTP.
-export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
+# a slow producer never delays a scan (docs/decisions/0009).
 export TXHUB_CALLBACK_CONCURRENCY="${TXHUB_CALLBACK_CONCURRENCY:-8}"
 "$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
   -Q celery -n "scans@%h" &

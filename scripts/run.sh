@@ -13,7 +13,11 @@ mkdir -p var/run
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$ROOT/var/metrics}"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-"$BIN/python" manage.py ensure_superuser
+# Its line (with a new password, once) goes into the banner, printed when everything is ready.
+login="$("$BIN/python" manage.py ensure_superuser)"
+# Each Celery worker touches a file here when it is ready (txhub/celery.py), for the banner.
+export TXHUB_READY_DIR="$ROOT/var/run/ready"
+rm -rf "$TXHUB_READY_DIR" && mkdir -p "$TXHUB_READY_DIR"
 
 pids=()
 stop() {
@@ -33,15 +37,31 @@ pids+=($!)
 # a slow producer never delays a scan (docs/decisions/0009). Loopback producers speak plain HTTP.
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 export TXHUB_CALLBACK_CONCURRENCY="${TXHUB_CALLBACK_CONCURRENCY:-8}"
-"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
+# -q: no ASCII banners; per-task and beat lines are at WARNING (settings.LOGGING), so an idle
+# txhub prints nothing and errors stand out.
+"$BIN/celery" -A txhub -q worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
   -Q celery -n "scans@%h" &
 pids+=($!)
-"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
+"$BIN/celery" -A txhub -q worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
   -Q callbacks -n "callbacks@%h" &
 pids+=($!)
-"$BIN/celery" -A txhub beat --loglevel INFO --schedule var/run/celerybeat-schedule &
+"$BIN/celery" -A txhub -q beat --loglevel INFO --schedule var/run/celerybeat-schedule &
 pids+=($!)
 
-echo "[run] txhub on http://127.0.0.1:$PORT  (API docs: /api/docs/, admin: /admin/)" >&2
+# The banner is the last thing printed before traffic: after /healthz answers and both workers
+# are ready (up to 60 s; a process that dies first ends the run below anyway).
+for _ in $(seq 600); do
+  if [ "$(ls "$TXHUB_READY_DIR" | wc -l)" -ge 2 ] \
+    && "$BIN/python" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" \
+      "http://127.0.0.1:$PORT/healthz" 2>/dev/null; then
+    break
+  fi
+  sleep 0.1
+done
+{
+  echo "[run] txhub is ready on http://127.0.0.1:$PORT"
+  echo "[run]   console:  http://127.0.0.1:$PORT/console/   ${login//$'\n'/$'\n'[run]   }"
+  echo "[run]   API docs: http://127.0.0.1:$PORT/api/docs/   admin: http://127.0.0.1:$PORT/admin/"
+} >&2
 # Whichever process ends first ends the run: a half-running txhub is worse than a stopped one.
 wait -n

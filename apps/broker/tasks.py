@@ -32,6 +32,14 @@ def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
         )
 
 
+def _scan_done(scan: str, did: int | dict[str, int]) -> None:
+    """A scan that did something says so at INFO; an idle one (most seconds) only at DEBUG, so
+    `make run` stays quiet while nothing happens (Celery's own per-task lines are at WARNING in
+    settings.LOGGING)."""
+    count = sum(did.values()) if isinstance(did, dict) else did
+    logger.log(logging.INFO if count else logging.DEBUG, "%s: %s", scan, did)
+
+
 @shared_task(acks_late=True)
 def checkback_scan() -> int:
     """Claims due transactions (a lease in Postgres) and hands each to checkback_run."""
@@ -39,6 +47,7 @@ def checkback_scan() -> int:
     claimed = checkback.checkback_claim_due()
     for half_id in claimed:
         checkback_run.delay(half_id)
+    _scan_done("checkback scan: transactions claimed for a check", len(claimed))
     return len(claimed)
 
 
@@ -64,19 +73,24 @@ def checkback_run(half_id: int) -> str:
 @shared_task(acks_late=True)
 def delayed_delivery_scan() -> int:
     """Moves due delayed messages into the commit log until the next beat (~1 s)."""
-    return delivery.delayed_deliver_for(seconds=settings.TXHUB_DELIVERY_SCAN_SPAN)
+    moved = delivery.delayed_deliver_for(seconds=settings.TXHUB_DELIVERY_SCAN_SPAN)
+    _scan_done("delayed delivery scan: messages delivered", moved)
+    return moved
 
 
 @shared_task(acks_late=True)
 def deliveries_expire_scan() -> int:
     """Dead-letters exhausted in-flight messages even where no consumer is receiving."""
-    return consuming.deliveries_expire()
+    expired = consuming.deliveries_expire()
+    _scan_done("delivery expiry scan: deliveries expired", expired)
+    return expired
 
 
 @shared_task(acks_late=True)
 def retention_sweep() -> dict[str, int]:
     swept = delivery.retention_sweep()
     swept["idempotency_keys"] = idempotency.idempotency_sweep()
+    _scan_done("retention sweep: rows removed", swept)
     return swept
 
 

@@ -350,7 +350,10 @@ TXHUB_LOG_LEVEL = env_str("TXHUB_LOG_LEVEL", "INFO")
 # at INFO; with scans every second that is 4-6 lines a second burying real errors. Those loggers
 # log from WARNING (task failures are ERROR, so they still show) unless TXHUB_LOG_LEVEL=DEBUG;
 # the scans themselves log at INFO only when they did something (apps/broker/tasks.py).
-_CELERY_CHATTER = "DEBUG" if TXHUB_LOG_LEVEL.upper() == "DEBUG" else "WARNING"
+# TXHUB_CELERY_TASK_LOG_LEVEL=INFO brings those lines back (the e2e tests wait for them).
+_CELERY_CHATTER = env_str(
+    "TXHUB_CELERY_TASK_LOG_LEVEL", "DEBUG" if TXHUB_LOG_LEVEL.upper() == "DEBUG" else "WARNING"
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

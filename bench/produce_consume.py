@@ -96,7 +96,7 @@ def pg_data_dir() -> str:
 
     with connection.cursor() as cursor:
         cursor.execute("SHOW data_directory")
-        return os.path.realpath(cursor.fetchone()[0])
+        return os.path.realpath(str(cursor.fetchone()[0]))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -337,12 +337,14 @@ def main() -> None:
         return median(runs, key)
 
     print(
-        f"pgbench, the SQL of one message (prepare, commit, receive, ack), {args.pgbench_seconds} s each:"
+        f"pgbench, the SQL of one message (prepare, commit, receive, ack), "
+        f"{args.pgbench_seconds} s each:"
     )
     for n in levels:
         print(f"  {n:3d} clients   {med(f'pgbench_{n}'):8.1f} messages/s")
     print(
-        f"txhub single messages end to end (prepare, commit, receive, ack), {args.seconds:g} s each:"
+        f"txhub single messages end to end (prepare, commit, receive, ack), "
+        f"{args.seconds:g} s each:"
     )
     for n in levels:
         print(
@@ -355,7 +357,8 @@ def main() -> None:
     peak = med(f"single_{peak_n}_rate")
     print(
         f"txhub / ceiling:      {100 * peak / ceiling:8.1f} %   "
-        f"(txhub {peak:.0f}/s at {peak_n} producers over pgbench {ceiling:.0f}/s at {ceiling_n} clients)"
+        f"(txhub {peak:.0f}/s at {peak_n} producers over pgbench {ceiling:.0f}/s "
+        f"at {ceiling_n} clients)"
     )
     if "batched" in skip:
         pass
@@ -371,7 +374,8 @@ def main() -> None:
     def split(prefix: str) -> str:
         return (
             f"{med(prefix + 'cpu_server'):6.2f} ms per message (web {med(prefix + 'cpu_web'):.2f}, "
-            f"postgres {med(prefix + 'cpu_postgres'):.2f}, celery {med(prefix + 'cpu_celery'):.2f}; "
+            f"postgres {med(prefix + 'cpu_postgres'):.2f}, "
+            f"celery {med(prefix + 'cpu_celery'):.2f}; "
             f"whole machine minus bench {med(prefix + 'cpu_system'):.2f})"
         )
 
@@ -390,7 +394,8 @@ def main() -> None:
         per_message_ns = med(f"single_{peak_n}_cpu_server") * 1e6
         share = 100 * SITES_PER_MESSAGE * site_ns / per_message_ns
         print(
-            f"failpoints unarmed:   {site_ns:8.1f} ns per site, {SITES_PER_MESSAGE} sites per message "
+            f"failpoints unarmed:   {site_ns:8.1f} ns per site, "
+            f"{SITES_PER_MESSAGE} sites per message "
             f"= {share:.5f} % of the server CPU per message"
         )
 

@@ -52,7 +52,7 @@ def latency(client: Client, name: str, samples: int) -> list[float]:
         tx = client.post("/transactions", {"producer_group": name, "topic": name, "body": "x"})
         arrived: list[float] = []
 
-        def wait() -> None:
+        def wait(arrived: list[float] = arrived) -> None:
             consumer = Client(client_base, token)
             try:
                 answer = consumer.post(
@@ -171,7 +171,8 @@ def main() -> None:
     )
     idle = idle_cost(args.url, name, args.consumers, args.window, data_dir)
     print(
-        f"idle, {args.consumers} waiting consumers: {idle['queries_per_s']:.0f} Postgres queries/s, "
+        f"idle, {args.consumers} waiting consumers: "
+        f"{idle['queries_per_s']:.0f} Postgres queries/s, "
         f"web CPU {idle['web_cpu_percent']:.0f} % of a core, Postgres CPU "
         f"{idle['postgres_cpu_percent']:.0f} %; {idle['in_time']}/{idle['asked']} waits answered "
         f"within wait_seconds + 1 s"

@@ -196,6 +196,8 @@ def run_load(
     return {
         "messages": produced,
         "rate": produced / elapsed,
+        # Producing alone (prepare/commit or batch requests), to tell which side held the rate.
+        "produce_rate": produced / seconds,
         **{f"cpu_{part}": ms / total for part, ms in spent.items()},
         "cpu_server": (spent["web"] + spent["postgres"] + spent["celery"]) / total,
     }
@@ -349,6 +351,7 @@ def main() -> None:
     for n in levels:
         print(
             f"  {n:3d} producers {med(f'single_{n}_rate'):8.1f} messages/s   "
+            f"(produced at {med(f'single_{n}_produce_rate'):.0f}/s)   "
             f"server CPU {med(f'single_{n}_cpu_server'):6.2f} ms/message"
         )
     ceiling_n = max(levels, key=lambda n: med(f"pgbench_{n}"))
@@ -367,7 +370,8 @@ def main() -> None:
     else:
         rate = med("batched_rate")
         print(
-            f"batched / ceiling:    {rate / ceiling:8.2f} x   ({rate:.0f} messages/s, 4 producers, "
+            f"batched / ceiling:    {rate / ceiling:8.2f} x   ({rate:.0f} messages/s, produced at "
+            f"{med('batched_produce_rate'):.0f}/s, 4 producers, "
             f"{BATCH} per request: half prepare+commit batches, half send batches)"
         )
 

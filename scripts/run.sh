@@ -13,11 +13,8 @@ mkdir -p var/run
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$ROOT/var/metrics}"
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-# Its line (with a new password, once) goes into the banner, printed when everything is ready.
-login="$("$BIN/python" manage.py ensure_superuser)"
-# Each Celery worker touches a file here when it is ready (txhub/celery.py), for the banner.
-export TXHUB_READY_DIR="$ROOT/var/run/ready"
-rm -rf "$TXHUB_READY_DIR" && mkdir -p "$TXHUB_READY_DIR"
+# Shown again in the banner below, once everything answers (not buried under start-up logs).
+LOGIN="$("$BIN/python" manage.py ensure_superuser)"
 
 pids=()
 stop() {
@@ -37,31 +34,35 @@ pids+=($!)
 # a slow producer never delays a scan (docs/decisions/0009). Loopback producers speak plain HTTP.
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 export TXHUB_CALLBACK_CONCURRENCY="${TXHUB_CALLBACK_CONCURRENCY:-8}"
-# -q: no ASCII banners; per-task and beat lines are at WARNING (settings.LOGGING), so an idle
-# txhub prints nothing and errors stand out.
-"$BIN/celery" -A txhub -q worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "${TXHUB_WORKER_CONCURRENCY:-4}" \
   -Q celery -n "scans@%h" &
 pids+=($!)
-"$BIN/celery" -A txhub -q worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
+"$BIN/celery" -A txhub worker --loglevel INFO --concurrency "$TXHUB_CALLBACK_CONCURRENCY" \
   -Q callbacks -n "callbacks@%h" &
 pids+=($!)
-"$BIN/celery" -A txhub -q beat --loglevel INFO --schedule var/run/celerybeat-schedule &
+# Beat's "Sending due task" lines (several a second) are DEBUG chatter; warnings still show.
+"$BIN/celery" -A txhub beat --loglevel "${TXHUB_BEAT_LOG_LEVEL:-WARNING}" \
+  --schedule var/run/celerybeat-schedule &
 pids+=($!)
 
-# The banner is the last thing printed before traffic: after /healthz answers and both workers
-# are ready (up to 60 s; a process that dies first ends the run below anyway).
-for _ in $(seq 600); do
-  if [ "$(ls "$TXHUB_READY_DIR" | wc -l)" -ge 2 ] \
-    && "$BIN/python" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" \
-      "http://127.0.0.1:$PORT/healthz" 2>/dev/null; then
-    break
-  fi
-  sleep 0.1
+# The banner is the last thing printed before traffic: after the API answers and the workers
+# reply to a ping.
+for _ in $(seq 1 120); do
+  if "$BIN/python" - "$PORT" <<'PY' 2>/dev/null; then break; fi
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/healthz", timeout=1).read()
+PY
+  sleep 0.5
 done
-{
-  echo "[run] txhub is ready on http://127.0.0.1:$PORT"
-  echo "[run]   console:  http://127.0.0.1:$PORT/console/   ${login//$'\n'/$'\n'[run]   }"
-  echo "[run]   API docs: http://127.0.0.1:$PORT/api/docs/   admin: http://127.0.0.1:$PORT/admin/"
-} >&2
+"$BIN/celery" -A txhub inspect ping --timeout 10 >/dev/null 2>&1 || true
+cat >&2 <<BANNER
+
+  txhub is running
+    API       http://127.0.0.1:$PORT/api/v1/     (docs: http://127.0.0.1:$PORT/api/docs/)
+    console   http://127.0.0.1:$PORT/console/    (admin: http://127.0.0.1:$PORT/admin/)
+    login     ${LOGIN//$'\n'/$'\n'              }
+    Ctrl-C stops everything.
+
+BANNER
 # Whichever process ends first ends the run: a half-running txhub is worse than a stopped one.
 wait -n

@@ -1,9 +1,9 @@
+import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import after_setup_logger
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
 
@@ -11,13 +11,15 @@ app = Celery("txhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-
-def mark_ready(sender: Any = None, **_: Any) -> None:
-    """scripts/run.sh prints its start-up banner once every worker has said it is ready, so the
-    banner is the last line before traffic: it sets TXHUB_READY_DIR and waits for these files."""
-    ready_dir = os.environ.get("TXHUB_READY_DIR")
-    if ready_dir and sender is not None:
-        Path(ready_dir, f"{sender.hostname}.ready").touch()
+# Celery logs "Task ... received" and "Task ... succeeded" at INFO for every task: with scans
+# every second that is several lines a second of nothing. Those two loggers are quiet unless
+# TXHUB_TASK_LOG_LEVEL says otherwise; failures (ERROR) and our own tasks' lines when they did
+# something still show.
+QUIET_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
-worker_ready.connect(mark_ready)
+@after_setup_logger.connect  # type: ignore[untyped-decorator]  # celery is untyped
+def quiet_task_chatter(**_: Any) -> None:
+    level = os.environ.get("TXHUB_TASK_LOG_LEVEL", "WARNING").upper()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(level)

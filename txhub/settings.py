@@ -345,23 +345,9 @@ TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 # /metrics reads its Postgres gauges at most once per this many seconds per web process.
 TXHUB_METRICS_CACHE_SECONDS = env_float("TXHUB_METRICS_CACHE_SECONDS", 5)
 
-TXHUB_LOG_LEVEL = env_str("TXHUB_LOG_LEVEL", "INFO")
-# Quiet by default: Celery logs every task it receives and finishes, and beat every task it sends,
-# at INFO; with scans every second that is 4-6 lines a second burying real errors. Those loggers
-# log from WARNING (task failures are ERROR, so they still show) unless TXHUB_LOG_LEVEL=DEBUG;
-# the scans themselves log at INFO only when they did something (apps/broker/tasks.py).
-# TXHUB_CELERY_TASK_LOG_LEVEL=INFO brings those lines back (the e2e tests wait for them).
-_CELERY_CHATTER = env_str(
-    "TXHUB_CELERY_TASK_LOG_LEVEL", "DEBUG" if TXHUB_LOG_LEVEL.upper() == "DEBUG" else "WARNING"
-)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": TXHUB_LOG_LEVEL},
-    "loggers": {
-        "celery.app.trace": {"level": _CELERY_CHATTER},  # "Task ... succeeded in ..."
-        "celery.worker.strategy": {"level": _CELERY_CHATTER},  # "Task ... received"
-        "celery.beat": {"level": _CELERY_CHATTER},  # "Scheduler: Sending due task ..."
-    },
+    "root": {"handlers": ["console"], "level": env_str("TXHUB_LOG_LEVEL", "INFO")},
 }

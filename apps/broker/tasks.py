@@ -18,6 +18,12 @@ from apps.broker.services import checkback, consuming, delivery, idempotency, re
 logger = logging.getLogger(__name__)
 
 
+def _did(scan: str, **counts: int) -> None:
+    """INFO when a scan did something, DEBUG when it did not: an idle txhub is a quiet one."""
+    level = logging.INFO if any(counts.values()) else logging.DEBUG
+    logger.log(level, "%s: %s", scan, ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
 @worker_init.connect
 def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
     """A per-group cap at or above the callback concurrency lets one slow group hold every
@@ -32,22 +38,14 @@ def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
         )
 
 
-def _scan_done(scan: str, did: int | dict[str, int]) -> None:
-    """A scan that did something says so at INFO; an idle one (most seconds) only at DEBUG, so
-    `make run` stays quiet while nothing happens (Celery's own per-task lines are at WARNING in
-    settings.LOGGING)."""
-    count = sum(did.values()) if isinstance(did, dict) else did
-    logger.log(logging.INFO if count else logging.DEBUG, "%s: %s", scan, did)
-
-
 @shared_task(acks_late=True)
 def checkback_scan() -> int:
     """Claims due transactions (a lease in Postgres) and hands each to checkback_run."""
-    checkback.checkback_park_stale()
+    parked = checkback.checkback_park_stale()
     claimed = checkback.checkback_claim_due()
     for half_id in claimed:
         checkback_run.delay(half_id)
-    _scan_done("checkback scan: transactions claimed for a check", len(claimed))
+    _did("checkback_scan", claimed=len(claimed), parked=parked)
     return len(claimed)
 
 
@@ -63,7 +61,9 @@ def checkback_scan() -> int:
 )
 def checkback_run(half_id: int) -> str:
     try:
-        return checkback.checkback_run(half_id=half_id)
+        outcome = checkback.checkback_run(half_id=half_id)
+        logger.info("check-back of half message %d: %s", half_id, outcome)
+        return outcome
     finally:
         # The group's freed slot goes to its next due check now, not at the next scan.
         for next_id in checkback.checkback_claim_next(after=half_id):
@@ -74,7 +74,7 @@ def checkback_run(half_id: int) -> str:
 def delayed_delivery_scan() -> int:
     """Moves due delayed messages into the commit log until the next beat (~1 s)."""
     moved = delivery.delayed_deliver_for(seconds=settings.TXHUB_DELIVERY_SCAN_SPAN)
-    _scan_done("delayed delivery scan: messages delivered", moved)
+    _did("delayed_delivery_scan", delivered=moved)
     return moved
 
 
@@ -82,7 +82,7 @@ def delayed_delivery_scan() -> int:
 def deliveries_expire_scan() -> int:
     """Dead-letters exhausted in-flight messages even where no consumer is receiving."""
     expired = consuming.deliveries_expire()
-    _scan_done("delivery expiry scan: deliveries expired", expired)
+    _did("deliveries_expire_scan", dead_lettered=expired)
     return expired
 
 
@@ -90,7 +90,7 @@ def deliveries_expire_scan() -> int:
 def retention_sweep() -> dict[str, int]:
     swept = delivery.retention_sweep()
     swept["idempotency_keys"] = idempotency.idempotency_sweep()
-    _scan_done("retention sweep: rows removed", swept)
+    _did("retention_sweep", **swept)
     return swept
 
 

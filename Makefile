@@ -19,8 +19,9 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
+# Against a running `make run` (same checkout); BENCH_ARGS="--runs 3" for medians of 3 runs.
 bench:
-	$(PY) bench/produce_consume.py
+	$(PY) bench/produce_consume.py $(BENCH_ARGS)
 
 # Every fault case of the history checker, full length, on a Postgres/Redis/web/Celery of its own.
 chaos: setup

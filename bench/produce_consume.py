@@ -1,14 +1,19 @@
-"""End-to-end throughput of transactional messages over HTTP, against the ceiling of the same SQL.
+"""`make bench`: txhub end to end against the ceiling of the same SQL, batched, CPU, waiting
+consumers, and the Django on_commit + Celery way, in one run against a running `make run`.
 
-Needs a running `make run` (http://127.0.0.1:8000 by default). Prints:
-- end-to-end messages/s (prepare + commit by N producer threads, receive + ack by one consumer),
-- prepare and commit latency p50/p99,
-- server CPU milliseconds per message (gunicorn + postgres processes, from /proc),
-- pgbench running the SQL of one message (prepare, commit, receive, ack) on the same Postgres,
-  and txhub's rate as a share of that ceiling.
+Prints (bench/README.md explains every line):
+- pgbench running the SQL of one message (prepare, commit, receive, ack) at 4/8/16/32 clients,
+- txhub single-message end to end at 4/8/16/32 producers, and `txhub / ceiling: N %`,
+- `batched / ceiling: N x` (64 per request: prepare+commit batches and send batches),
+- server CPU per message, single and batched, split web / Postgres / Celery (bench/cpu.py),
+- idle cost of 500 waiting consumers and commit -> waiting consumer latency (bench/long_poll.py
+  when present, else bench/waiting.py),
+- the same workload through Django transaction.on_commit + Celery (bench/oncommit/),
+- what an unarmed failpoint costs.
 
-    make bench                                   # defaults
-    .venv/bin/python bench/produce_consume.py --messages 4000 --producers 8
+    make bench                                   # one run, a few minutes
+    make bench BENCH_ARGS="--runs 3"             # medians of 3 runs
+    .venv/bin/python bench/produce_consume.py --concurrency 8 --seconds 5 --skip oncommit
 """
 
 import argparse
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -28,9 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import cpu  # noqa: E402
 from http_client import Client  # noqa: E402
 
 PG_PORT = os.environ.get("TXHUB_PG_PORT", "54329")
+BATCH = 64
 
 PGBENCH_SCRIPT = """
 \\set q random(0, 3)
@@ -83,96 +91,142 @@ def setup_django() -> None:
     django.setup()
 
 
-def cpu_ms(pattern: str) -> float:
-    """User + system CPU of every process whose command line matches, in milliseconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if not re.search(pattern, cmdline):
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except OSError:
-            continue
-    return total * 1000 / ticks
+def pg_data_dir() -> str:
+    from django.db import connection
 
-
-def server_cpu_ms() -> dict[str, float]:
-    return {"web": cpu_ms(r"gunicorn"), "postgres": cpu_ms(r"^postgres")}
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        return os.path.realpath(str(cursor.fetchone()[0]))
 
 
 def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def run_http(base: str, token: str, messages: int, producers: int, name: str) -> dict[str, float]:
-    headers = {"Authorization": f"Bearer {token}"}
+def make_topic(base: str, token: str, name: str) -> None:
     s = requests.Session()
-    s.headers.update(headers)
+    s.headers.update({"Authorization": f"Bearer {token}"})
     s.post(f"{base}/topics", json={"name": name, "queues": 4}).raise_for_status()
-    s.post(f"{base}/producer-groups", json={"name": name, "check_url": "http://127.0.0.1:9/"})
+    group = {"name": name, "check_url": "https://127.0.0.1:9/"}  # never called: all commit
+    answer = s.post(f"{base}/producer-groups", json=group)
+    assert answer.status_code == 201, answer.text
     s.post(f"{base}/consumer-groups", json={"name": name}).raise_for_status()
-    prepare_ms: list[float] = []
-    commit_ms: list[float] = []
+
+
+class NoBatchApi(Exception):
+    pass
+
+
+def run_load(
+    base: str,
+    token: str,
+    name: str,
+    producers: int,
+    seconds: float,
+    produce_one: Callable[[Client, str], int],
+    data_dir: str,
+) -> dict[str, float]:
+    """`producers` threads call produce_one until `seconds` have passed; two consumers receive
+    (32 at a time, waiting up to 1 s) and ack in batches until every message produced is acked.
+    The rate is messages over the time until the last ack."""
+    produced = 0
     received = 0
     lock = threading.Lock()
-    per_producer = messages // producers
+    stop_producing = threading.Event()
+    done_producing = threading.Event()
+    errors: list[BaseException] = []
+    last_ack = [0.0]
 
     def produce() -> None:
+        nonlocal produced
         client = Client(base, token)
-        message = {"producer_group": name, "topic": name, "body": "bench message body"}
-        for _ in range(per_producer):
-            t0 = time.perf_counter()
-            tx = client.post("/transactions", message)
-            t1 = time.perf_counter()
-            client.post(f"/transactions/{tx['transaction_id']}/commit")
-            t2 = time.perf_counter()
-            with lock:
-                prepare_ms.append((t1 - t0) * 1000)
-                commit_ms.append((t2 - t1) * 1000)
+        try:
+            while not stop_producing.is_set():
+                n = produce_one(client, name)
+                with lock:
+                    produced += n
+        except BaseException as error:  # reported after the run, never swallowed
+            errors.append(error)
+            stop_producing.set()
 
     def consume() -> None:
         nonlocal received
         client = Client(base, token)
         receive = {"topic": name, "max_messages": 32, "wait_seconds": 1}
-        while received < per_producer * producers:
-            batch = client.post(f"/consumer-groups/{name}/receive", receive)["messages"]
-            if batch:
-                handles = [m["receipt_handle"] for m in batch]
-                client.post(f"/consumer-groups/{name}/ack", {"receipt_handles": handles})
-                received += len(batch)
+        try:
+            while True:
+                with lock:
+                    if done_producing.is_set() and received >= produced:
+                        return
+                batch = client.post(f"/consumer-groups/{name}/receive", receive)["messages"]
+                if batch:
+                    handles = [m["receipt_handle"] for m in batch]
+                    client.post(f"/consumer-groups/{name}/ack", {"receipt_handles": handles})
+                    with lock:
+                        received += len(batch)
+                        last_ack[0] = time.perf_counter()
+                elif errors:
+                    return
+        except BaseException as error:
+            errors.append(error)
 
-    cpu_before = server_cpu_ms()
+    before = cpu.sample(ROOT, data_dir)
     started = time.perf_counter()
     threads = [threading.Thread(target=produce) for _ in range(producers)]
-    consumer = threading.Thread(target=consume)
-    consumer.start()
-    for thread in threads:
+    consumers = [threading.Thread(target=consume) for _ in range(2)]
+    for thread in [*threads, *consumers]:
         thread.start()
+    time.sleep(seconds)
+    stop_producing.set()
     for thread in threads:
         thread.join()
-    consumer.join()
-    elapsed = time.perf_counter() - started
-    cpu_after = server_cpu_ms()
-    web_cpu = cpu_after["web"] - cpu_before["web"]
-    db_cpu = cpu_after["postgres"] - cpu_before["postgres"]
-    total = per_producer * producers
+    done_producing.set()
+    for thread in consumers:
+        thread.join()
+    # Up to the last ack, not the consumers' exit (an idle one returns from its 1 s wait later).
+    elapsed = max(last_ack[0], started + seconds) - started
+    spent = cpu.delta(before, cpu.sample(ROOT, data_dir))
+    if errors:
+        if isinstance(errors[0], NoBatchApi):
+            raise errors[0]
+        raise RuntimeError(f"load failed: {errors[0]!r}") from errors[0]
+    total = max(produced, 1)
     return {
-        "messages": total,
-        "seconds": elapsed,
-        "rate": total / elapsed,
-        "prepare_p50": percentile(prepare_ms, 50),
-        "prepare_p99": percentile(prepare_ms, 99),
-        "commit_p50": percentile(commit_ms, 50),
-        "commit_p99": percentile(commit_ms, 99),
-        "cpu_ms_per_message": (web_cpu + db_cpu) / total,
-        "web_cpu_ms_per_message": web_cpu / total,
-        "db_cpu_ms_per_message": db_cpu / total,
+        "messages": produced,
+        "rate": produced / elapsed,
+        # Producing alone (prepare/commit or batch requests), to tell which side held the rate.
+        "produce_rate": produced / seconds,
+        **{f"cpu_{part}": ms / total for part, ms in spent.items()},
+        "cpu_server": (spent["web"] + spent["postgres"] + spent["celery"]) / total,
     }
+
+
+def single(client: Client, name: str) -> int:
+    message = {"producer_group": name, "topic": name, "body": "bench message body"}
+    tx = client.post("/transactions", message)
+    client.post(f"/transactions/{tx['transaction_id']}/commit")
+    return 1
+
+
+def batched(client: Client, name: str) -> int:
+    """One batched prepare + one batched commit of 64, then one batched send of 64."""
+    messages = [{"body": "bench message body"} for _ in range(BATCH)]
+    try:
+        prepared = client.post(
+            "/transactions:batch", {"producer_group": name, "topic": name, "messages": messages}
+        )["results"]
+    except RuntimeError as error:
+        if ": 404 " in str(error) or ": 405 " in str(error):
+            raise NoBatchApi() from error
+        raise
+    ids = [half["transaction_id"] for half in prepared]
+    results = client.post("/transactions:commit", {"transaction_ids": ids})["results"]
+    failed = [r for r in results if r["status"] != 200]
+    assert not failed, failed[:3]
+    client.post(f"/topics/{name}/messages:batch", {"producer_group": name, "messages": messages})
+    return 2 * BATCH
 
 
 def run_pgbench(name: str, clients: int, seconds: int) -> float:
@@ -202,20 +256,52 @@ def run_pgbench(name: str, clients: int, seconds: int) -> float:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pgbench failed:\n{result.stdout}\n{result.stderr[-2000:]}")
-    output = result.stdout
-    match = re.search(r"tps = ([\d.]+)", output)
+    match = re.search(r"tps = ([\d.]+)", result.stdout)
     if not match:
-        raise RuntimeError(output)
+        raise RuntimeError(result.stdout)
     return float(match.group(1))
+
+
+def run_waiting(url: str, token: str, consumers: int) -> list[str]:
+    """bench/long_poll.py (h-async's) when it exists, else bench/waiting.py: their own lines."""
+    script = ROOT / "bench" / "long_poll.py"
+    if not script.exists():
+        script = ROOT / "bench" / "waiting.py"
+    command = [sys.executable, str(script), "--url", url, "--consumers", str(consumers)]
+    env = {**os.environ, "TXHUB_BENCH_TOKEN": token}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        return [f"{script.name} failed ({result.returncode}): {result.stderr.strip()[-400:]}"]
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def run_oncommit(seconds: float, producers: int) -> list[str]:
+    command = [sys.executable, str(ROOT / "bench" / "oncommit" / "run.py")]
+    command += ["--seconds", str(seconds), "--producers", str(producers)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return [f"oncommit failed ({result.returncode}): {result.stderr.strip()[-600:]}"]
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TXHUB_PORT', '8000')}")
-    parser.add_argument("--messages", type=int, default=3000)
-    parser.add_argument("--producers", type=int, default=8)
-    parser.add_argument("--pgbench-seconds", type=int, default=15)
+    parser.add_argument("--runs", type=int, default=1, help="repeat and print medians")
+    parser.add_argument("--concurrency", default="4,8,16,32", help="clients/producers sweep")
+    parser.add_argument("--seconds", type=float, default=6, help="length of each txhub step")
+    parser.add_argument("--pgbench-seconds", type=int, default=6)
+    parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: batched,waiting,oncommit,failpoints"
+    )
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    levels = [int(n) for n in args.concurrency.split(",")]
     setup_django()
     from apps.broker.services import registry
 
@@ -223,27 +309,99 @@ def main() -> None:
         requests.get(f"{args.url}/readyz", timeout=3).raise_for_status()
     except requests.RequestException:
         sys.exit(f"txhub is not running at {args.url}: start it with `make run` first.")
+    data_dir = pg_data_dir()
     _, token = registry.token_create(name="bench", scopes=["admin"])
-    name = f"bench-{int(time.time())}"
-    http = run_http(f"{args.url}/api/v1", token, args.messages, args.producers, name)
-    tps = run_pgbench(name, args.producers, args.pgbench_seconds)
-    print(f"txhub over HTTP: {http['messages']} transactional messages, {args.producers} producers")
-    print(f"  end-to-end          {http['rate']:8.1f} messages/s ({http['seconds']:.1f} s)")
-    print(f"  prepare p50 / p99   {http['prepare_p50']:6.1f} / {http['prepare_p99']:6.1f} ms")
-    print(f"  commit  p50 / p99   {http['commit_p50']:6.1f} / {http['commit_p99']:6.1f} ms")
+    base = f"{args.url}/api/v1"
+    print(f"make bench: {args.runs} run(s), medians shown; {os.cpu_count()} CPUs (shared machine)")
+    runs: list[dict[str, float]] = []
+    for run in range(args.runs):
+        name = f"bench-{int(time.time())}-{run}"
+        make_topic(base, token, name)
+        figures: dict[str, float] = {}
+        for n in levels:
+            figures[f"pgbench_{n}"] = run_pgbench(name, n, args.pgbench_seconds)
+        for n in levels:
+            result = run_load(base, token, name, n, args.seconds, single, data_dir)
+            for key, value in result.items():
+                figures[f"single_{n}_{key}"] = value
+        if "batched" not in skip:
+            producers = 4
+            try:
+                result = run_load(base, token, name, producers, args.seconds, batched, data_dir)
+                for key, value in result.items():
+                    figures[f"batched_{key}"] = value
+            except NoBatchApi:
+                figures["batched_rate"] = float("nan")
+        runs.append(figures)
+        print(f"  run {run + 1}/{args.runs} done", file=sys.stderr)
+
+    def med(key: str) -> float:
+        return median(runs, key)
+
     print(
-        f"  server CPU          {http['cpu_ms_per_message']:8.2f} ms per message "
-        f"(gunicorn {http['web_cpu_ms_per_message']:.2f}, "
-        f"postgres {http['db_cpu_ms_per_message']:.2f})"
+        f"pgbench, the SQL of one message (prepare, commit, receive, ack), "
+        f"{args.pgbench_seconds} s each:"
     )
-    print(f"pgbench, same SQL per message, {args.producers} clients: {tps:8.1f} messages/s")
-    print(f"txhub / ceiling:      {100 * http['rate'] / tps:8.1f} %")
-    site_ns = unarmed_failpoint_ns()
-    share = 100 * SITES_PER_MESSAGE * site_ns / (http["cpu_ms_per_message"] * 1e6)
+    for n in levels:
+        print(f"  {n:3d} clients   {med(f'pgbench_{n}'):8.1f} messages/s")
     print(
-        f"failpoints unarmed:   {site_ns:8.1f} ns per site, {SITES_PER_MESSAGE} sites per message "
-        f"= {share:.5f} % of the server CPU per message"
+        f"txhub single messages end to end (prepare, commit, receive, ack), "
+        f"{args.seconds:g} s each:"
     )
+    for n in levels:
+        print(
+            f"  {n:3d} producers {med(f'single_{n}_rate'):8.1f} messages/s   "
+            f"(produced at {med(f'single_{n}_produce_rate'):.0f}/s)   "
+            f"server CPU {med(f'single_{n}_cpu_server'):6.2f} ms/message"
+        )
+    ceiling_n = max(levels, key=lambda n: med(f"pgbench_{n}"))
+    peak_n = max(levels, key=lambda n: med(f"single_{n}_rate"))
+    ceiling = med(f"pgbench_{ceiling_n}")
+    peak = med(f"single_{peak_n}_rate")
+    print(
+        f"txhub / ceiling:      {100 * peak / ceiling:8.1f} %   "
+        f"(txhub {peak:.0f}/s at {peak_n} producers over pgbench {ceiling:.0f}/s "
+        f"at {ceiling_n} clients)"
+    )
+    if "batched" in skip:
+        pass
+    elif any(run["batched_rate"] != run["batched_rate"] for run in runs):
+        print("batched / ceiling: n/a (no batch API on this server)")
+    else:
+        rate = med("batched_rate")
+        print(
+            f"batched / ceiling:    {rate / ceiling:8.2f} x   ({rate:.0f} messages/s, produced at "
+            f"{med('batched_produce_rate'):.0f}/s, 4 producers, "
+            f"{BATCH} per request: half prepare+commit batches, half send batches)"
+        )
+
+    def split(prefix: str) -> str:
+        return (
+            f"{med(prefix + 'cpu_server'):6.2f} ms per message (web {med(prefix + 'cpu_web'):.2f}, "
+            f"postgres {med(prefix + 'cpu_postgres'):.2f}, "
+            f"celery {med(prefix + 'cpu_celery'):.2f}; "
+            f"whole machine minus bench {med(prefix + 'cpu_system'):.2f})"
+        )
+
+    print(f"server CPU, single at {peak_n} producers: {split(f'single_{peak_n}_')}")
+    if "batched" not in skip and not any(r["batched_rate"] != r["batched_rate"] for r in runs):
+        print(f"server CPU, batched:  {split('batched_')}")
+    if "oncommit" not in skip:
+        for line in run_oncommit(args.seconds, peak_n):
+            print(line)
+    # Last: a server that holds a thread per wait stays busy with them after the bench gives up.
+    if "waiting" not in skip:
+        for line in run_waiting(args.url, token, args.waiting):
+            print(line)
+    if "failpoints" not in skip:
+        site_ns = unarmed_failpoint_ns()
+        per_message_ns = med(f"single_{peak_n}_cpu_server") * 1e6
+        share = 100 * SITES_PER_MESSAGE * site_ns / per_message_ns
+        print(
+            f"failpoints unarmed:   {site_ns:8.1f} ns per site, "
+            f"{SITES_PER_MESSAGE} sites per message "
+            f"= {share:.5f} % of the server CPU per message"
+        )
 
 
 # prepare (after_half_insert), commit (after_commit_before_answer), ack (after_ack_before_answer)

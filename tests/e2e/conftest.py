@@ -43,6 +43,9 @@ class Celery:
             **os.environ,
             "DATABASE_URL": db_url_for_tests(),
             "CELERY_BROKER_URL": TEST_BROKER_URL,
+            # wait_ready() reads beat's "Sending due task" and the workers' "succeeded" lines,
+            # which are quiet by default (txhub/celery.py, scripts/run.sh).
+            "TXHUB_TASK_LOG_LEVEL": "INFO",
             **FAST,
             **env,
         }

@@ -1,0 +1,75 @@
+"""Server CPU of one txhub run, per part (web / Postgres / Celery), that cannot go negative.
+
+Each part is the processes whose working directory is this checkout (run.sh `cd`s there; other
+checkouts' servers on the same machine are left out) or, for Postgres, the cluster's data
+directory. A process's CPU is its own user + system time PLUS the time of its children that have
+exited and been waited for (cutime + cstime in /proc/PID/stat). A Postgres backend that exits
+during the run moves its time into the postmaster's cutime, a recycled gunicorn or Celery pool
+process into its parent's: the sum over the live processes only grows, so a delta is >= 0. (The
+old accounting summed live processes only, and went negative when backends exited.)
+
+System-wide /proc/stat minus this process's own CPU is printed beside it as a cross-check; on a
+shared machine it also counts the neighbours, so it is an upper bound, not the figure.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+WEB = re.compile(r"gunicorn|uvicorn|daphne|hypercorn|granian|txhub\.(a|w)sgi")
+CELERY = re.compile(r"celery")
+
+
+@dataclass
+class Sample:
+    parts: dict[str, float]  # ms of CPU since boot, per part, exited children included
+    system_busy_ms: float  # /proc/stat, all CPUs, non-idle
+    own_ms: float  # this bench process and its waited-for children (pgbench, Django setup)
+
+
+def _proc_ms(pid: str) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # utime, stime, cutime, cstime (fields 14-17 of proc(5); index 11-14 after the comm field)
+    return sum(int(value) for value in fields[11:15]) * 1000 / TICKS
+
+
+def sample(root: Path, pg_data_dir: str) -> Sample:
+    parts = {"web": 0.0, "postgres": 0.0, "celery": 0.0}
+    me = os.getpid()
+    root_text = str(root.resolve())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            if cmdline.startswith("postgres") and cwd == pg_data_dir:
+                part = "postgres"
+            elif not cwd.startswith(root_text):
+                continue
+            elif WEB.search(cmdline):
+                part = "web"
+            elif CELERY.search(cmdline):
+                part = "celery"
+            else:
+                continue
+            # Only the top of each tree is counted with its children's exited time; a live
+            # child is counted itself, so nothing is counted twice.
+            parts[part] += _proc_ms(pid)
+        except (OSError, IndexError, ValueError):
+            continue  # exited while we looked: its time is now in its parent's cutime
+    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    values = [int(v) for v in cpu]
+    busy = sum(values) - values[3] - values[4]  # all but idle and iowait
+    times = os.times()
+    own = (times.user + times.system + times.children_user + times.children_system) * 1000
+    return Sample(parts, busy * 1000 / TICKS, own)
+
+
+def delta(before: Sample, after: Sample) -> dict[str, float]:
+    """ms of CPU per part between two samples, plus "system" (all CPUs minus this bench)."""
+    out = {part: after.parts[part] - before.parts[part] for part in before.parts}
+    out["system"] = (after.system_busy_ms - before.system_busy_ms) - (after.own_ms - before.own_ms)
+    return out

@@ -18,8 +18,9 @@ from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import message_of, pb, rpc
 from apps.broker.models import HalfMessage
 from apps.broker.models import TransactionState as State
+from apps.broker.services import checkback_stream
 
-CHANNEL_PREFIX = "txhub:grpc:check:"
+CHANNEL_PREFIX = checkback_stream.CHANNEL_PREFIX
 
 
 def channel_of(process: str) -> str:

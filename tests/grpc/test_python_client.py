@@ -111,7 +111,8 @@ def test_sends_transactions_and_receives_with_the_python_client(
     # The client's ids are txhub's: message ids and the transaction id.
     half = HalfMessage.objects.get(msg_id=committed.message_id)
     assert str(half.transaction_id) == committed.transaction_id
-    assert half.state == "COMMITTED" and half.resolved_by == "PRODUCER"
+    assert half.state == "COMMITTED"
+    assert half.resolved_by == "PRODUCER"
     assert HalfMessage.objects.get(msg_id=rolled_back.message_id).state == "ROLLED_BACK"
 
     consumer = start(
@@ -269,6 +270,6 @@ def wait_for_state(msg_id: str, state: str) -> HalfMessage:
         half = HalfMessage.objects.get(msg_id=msg_id)
         return half if half.state == state else None
 
-    half = wait_until(resolved, timeout=60)
+    half: HalfMessage | None = wait_until(resolved, timeout=60)
     assert half is not None, f"{msg_id} never became {state}"
     return half

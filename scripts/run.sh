@@ -32,6 +32,13 @@ trap stop INT TERM EXIT
   --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
   --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
+# The RocketMQ 5 gRPC door (apps/broker/grpc): TXHUB_GRPC_PROCESSES processes share the port
+# (SO_REUSEPORT), as gunicorn's workers share the web port.
+GRPC_PORT="${TXHUB_GRPC_PORT:-8081}"
+for _ in $(seq 1 "${TXHUB_GRPC_PROCESSES:-2}"); do
+  TXHUB_GRPC_PORT="$GRPC_PORT" "$BIN/python" manage.py grpcserver &
+  pids+=($!)
+done
 # Scans on the default queue; producers' check calls on "callbacks", in a worker of their own, so
 # a slow producer never delays a scan (docs/decisions/0009).
 export TXHUB_CALLBACK_CONCURRENCY="${TXHUB_CALLBACK_CONCURRENCY:-8}"
@@ -60,6 +67,7 @@ cat >&2 <<BANNER
 
   txhub is running
     API       http://127.0.0.1:$PORT/api/v1/     (docs: http://127.0.0.1:$PORT/api/docs/)
+    RocketMQ  127.0.0.1:$GRPC_PORT (gRPC, apache.rocketmq.v2; credentials: POST /api/v1/tokens)
     console   http://127.0.0.1:$PORT/console/    (admin: http://127.0.0.1:$PORT/admin/)
     login     ${LOGIN//$'\n'/$'\n'              }
     Ctrl-C stops everything.

@@ -345,6 +345,21 @@ TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 # /metrics reads its Postgres gauges at most once per this many seconds per web process.
 TXHUB_METRICS_CACHE_SECONDS = env_float("TXHUB_METRICS_CACHE_SECONDS", 5)
 
+# The RocketMQ 5 gRPC door (apps/broker/grpc, `manage.py grpcserver`).
+TXHUB_GRPC_PORT = env_int("TXHUB_GRPC_PORT", 8081)
+TXHUB_GRPC_HOST = env_str("TXHUB_GRPC_HOST", "127.0.0.1")
+# Both set: TLS with this certificate chain and key (PEM files); otherwise plaintext.
+TXHUB_GRPC_TLS_CERT = env_str("TXHUB_GRPC_TLS_CERT", "")
+TXHUB_GRPC_TLS_KEY = env_str("TXHUB_GRPC_TLS_KEY", "")
+# The server key RocketMQ secret keys are derived from (docs/decisions/0022). Changing it changes
+# every token's secret key; by default the Django SECRET_KEY.
+TXHUB_CREDENTIALS_KEY = env_str("TXHUB_CREDENTIALS_KEY", "") or SECRET_KEY
+# Announced to clients on Telemetry; a client's long poll is clamped to this range (seconds).
+TXHUB_GRPC_LONG_POLL_MIN = env_float("TXHUB_GRPC_LONG_POLL_MIN", 5)
+TXHUB_GRPC_LONG_POLL_MAX = env_float("TXHUB_GRPC_LONG_POLL_MAX", 20)
+# A client not seen (heartbeat, any call) for this long is no longer listed as connected.
+TXHUB_GRPC_CLIENT_TTL = env_float("TXHUB_GRPC_CLIENT_TTL", 60)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -9,9 +9,10 @@ from django.conf import settings
 # Patterns are matched whole (re.fullmatch): `^...$` would let "orders\n" through.
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,127}"
 NAME_RE = re.compile(NAME_PATTERN)
-# A message id: txhub makes 32 upper-case hex characters (models.new_msg_id); any ASCII letters
-# and digits that fit the column are looked up (and not found), anything else is not a URL.
-MSG_ID_PATTERN = r"[0-9A-Za-z]{1,32}"
+# A message id: txhub makes 32 upper-case hex characters (models.new_msg_id), RocketMQ clients 34
+# ("01" + 32 hex) through the gRPC door; any ASCII letters and digits that fit the column are
+# looked up (and not found), anything else is not a URL.
+MSG_ID_PATTERN = r"[0-9A-Za-z]{1,64}"
 # A row id in a URL: at most 18 digits, so it always fits Postgres bigint (2^63 - 1).
 ROW_ID_PATTERN = r"[0-9]{1,18}"
 RESERVED_PREFIXES = ("rmq_sys_", "txhub_")

@@ -90,9 +90,39 @@ class ApiToken(models.Model):
     scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The RocketMQ access key of this token (gRPC door). Its secret key is never stored: it is
+    # derived from a server key and this access key (docs/decisions/0022). Null for tokens made
+    # before the gRPC door existed.
+    access_key = models.CharField(max_length=40, unique=True, null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}...)"
+
+
+class GrpcClient(models.Model):
+    """A RocketMQ client known to the gRPC door, by its client id: what its settings said (kept
+    so a client that reopens its Telemetry stream without re-sending them is still known), and
+    which gRPC process holds its stream now, if any (check-back goes there)."""
+
+    client_id = models.CharField(max_length=255, unique=True)
+    client_type = models.CharField(max_length=32)  # PRODUCER, SIMPLE_CONSUMER, PUSH_CONSUMER...
+    # The producer group (from the token's produce scope) or the consumer group.
+    group = models.CharField(max_length=127, blank=True)
+    topics = models.JSONField(default=list)
+    language = models.CharField(max_length=32, blank=True)
+    version = models.CharField(max_length=64, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    token = models.ForeignKey(ApiToken, null=True, on_delete=models.SET_NULL)
+    # "<host>:<pid>" of the gRPC process holding the client's Telemetry stream; blank: none.
+    stream_process = models.CharField(max_length=255, blank=True)
+    connected_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "client_type"], name="grpc_client_group_idx")]
+
+    def __str__(self) -> str:
+        return self.client_id
 
 
 class TransactionState(models.TextChoices):
@@ -115,7 +145,9 @@ class Resolver(models.TextChoices):
 class MessageFields(models.Model):
     """What a producer sends, shared by half messages and the commit log."""
 
-    msg_id = models.CharField(max_length=32, unique=True, default=new_msg_id)
+    # 32 hex characters when txhub makes it; a RocketMQ client's own message id (34 characters,
+    # "01" + 32 hex) when it came through the gRPC door.
+    msg_id = models.CharField(max_length=64, unique=True, default=new_msg_id)
     queue_id = models.PositiveSmallIntegerField()
     tags = models.CharField(max_length=128, blank=True)
     keys = models.JSONField(default=list)

@@ -70,15 +70,19 @@ class TopicForm(forms.Form):
 class CheckUrlField(forms.URLField):
     """Django's URL check plus the API's (limits.check_url: a port in range, a usable host)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, required: bool = True) -> None:
         super().__init__(
-            max_length=2048, assume_scheme="https", validators=[_limit(limits.check_url)]
+            max_length=2048,
+            assume_scheme="https",
+            validators=[_limit(limits.check_url)],
+            required=required,
         )
 
 
 class ProducerGroupForm(forms.Form):
     name = NameField("name")
-    check_url = CheckUrlField()
+    # Optional: a group of RocketMQ (gRPC) producers is checked over their Telemetry stream.
+    check_url = CheckUrlField(required=False)
 
 
 class CheckUrlForm(forms.Form):

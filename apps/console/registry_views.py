@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.broker import selectors
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
-from apps.broker.services import checkback, consuming, registry
+from apps.broker.services import checkback, consuming, credentials, registry
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
     CheckUrlForm,
@@ -322,7 +322,13 @@ def token_create(request: HttpRequest) -> HttpResponse:
     def write(data: dict[str, Any]) -> str:
         token, raw = registry.token_create(**data)
         messages.info(request, f"Token {token.name}: {raw}")
-        return "Token created. Copy it now: it is not shown again."
+        keys = credentials.of(token)
+        messages.info(
+            request,
+            f"RocketMQ credentials of {token.name}: access key {keys['access_key']}, "
+            f"secret key {keys['secret_key']}",
+        )
+        return "Token created. Copy it and its secret key now: they are not shown again."
 
     return _form_post(
         request, TokenForm(request.POST), write, done=redirect("console:tokens"), title="New token"

@@ -296,6 +296,8 @@ class TokenCreatedOut(serializers.Serializer[Any]):
     name = serializers.CharField()
     scopes = serializers.ListField(child=serializers.CharField())
     token = serializers.CharField(help_text="Shown once.")
+    access_key = serializers.CharField(help_text="RocketMQ access key (gRPC door).")
+    secret_key = serializers.CharField(help_text="RocketMQ secret key (gRPC door). Shown once.")
 
 
 class ReceivedListOut(serializers.Serializer[Any]):

@@ -330,7 +330,8 @@ class TopicIn(StrictSerializer):
 
 class ProducerGroupIn(StrictSerializer):
     name = NameField("name")
-    check_url = UrlField()
+    # Optional: a group whose producers are RocketMQ clients is checked over their stream.
+    check_url = UrlField(required=False)
 
 
 class ProducerGroupPatchIn(StrictSerializer):

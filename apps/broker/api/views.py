@@ -24,6 +24,7 @@ from apps.broker.api.parsers import content_length
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Resolver, Topic
 from apps.broker.services import (
     consuming,
+    credentials,
     delivery,
     idempotency,
     registry,
@@ -143,7 +144,9 @@ class ProducerGroupListView(APIView):
     def post(self, request: Request) -> Response:
         require_admin(request)
         data = validated(inputs.ProducerGroupIn, request.data)
-        group = registry.producer_group_create(name=data["name"], check_url=data["check_url"])
+        group = registry.producer_group_create(
+            name=data["name"], check_url=data.get("check_url", "")
+        )
         return Response(output.ProducerGroupSecretOut(group).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
@@ -225,7 +228,13 @@ class TokenListView(APIView):
         require_admin(request)
         data = validated(inputs.TokenIn, request.data)
         token, raw = registry.token_create(name=data["name"], scopes=data["scopes"])
-        body = {"id": token.pk, "name": token.name, "scopes": token.scopes, "token": raw}
+        body = {
+            "id": token.pk,
+            "name": token.name,
+            "scopes": token.scopes,
+            "token": raw,
+            **credentials.of(token),
+        }
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={200: output.TokenOut(many=True)})

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,7 +36,7 @@ from apps.broker.clock import db_now
 from apps.broker.metrics import CHECKBACK_ATTEMPTS, CHECKBACK_LATENCY
 from apps.broker.models import HalfMessage, OpKind, OpRecord, ProducerGroup, Resolver
 from apps.broker.models import TransactionState as State
-from apps.broker.services import scans, transactions
+from apps.broker.services import checkback_stream, scans, transactions
 from apps.broker.services.errors import CallbackRefused
 from apps.broker.services.transactions import Actor
 
@@ -245,6 +245,8 @@ class CheckResult:
     error: str
     latency_ms: int
     webhook_id: str
+    # How the check went when not over HTTP (a producer's Telemetry stream): kept in its op.
+    via: dict[str, Any] = field(default_factory=dict)
 
 
 def check_payload(half: HalfMessage) -> dict[str, Any]:
@@ -481,7 +483,13 @@ def checkback_run(*, half_id: int) -> str:
         # Resolved since the claim: never send a check for it (invariant 7).
         HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
         return "skipped"
-    result = call_check_url(half)
+    # A RocketMQ producer of the group connected to a gRPC process: asked on its stream, and its
+    # answer comes back as EndTransaction (checkback_stream.checkback_answer). Otherwise HTTP.
+    sent_to = checkback_stream.checkback_send(half=half)
+    if sent_to is not None:
+        result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)
+    else:
+        result = call_check_url(half)
     if failpoints.ARMED:
         failpoints.hit("after_check_answer_before_write")
     return checkback_apply(half_id=half_id, result=result)
@@ -496,6 +504,7 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         "error": result.error,
         "latency_ms": result.latency_ms,
         "webhook_id": result.webhook_id,
+        **result.via,
     }
     CHECKBACK_ATTEMPTS.labels(result=result.answer if result.reached else "unreachable").inc()
     if result.reached:

@@ -16,6 +16,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services.checkback import callback_url_check, new_signing_secret
+from apps.broker.services.credentials import new_access_key
 from apps.broker.services.errors import Conflict, NotFound, invalid
 
 TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
@@ -38,8 +39,11 @@ def topic_create(*, name: str, queues: int) -> Topic:
     return topic
 
 
-def producer_group_create(*, name: str, check_url: str) -> ProducerGroup:
-    callback_url_check(check_url)
+def producer_group_create(*, name: str, check_url: str = "") -> ProducerGroup:
+    # No check URL: a group whose producers are RocketMQ clients, checked over their Telemetry
+    # stream (with neither, a check is "unreachable": it backs off and uses no budget).
+    if check_url:
+        callback_url_check(check_url)
     try:
         return ProducerGroup.objects.create(
             name=name, check_url=check_url, signing_secret=new_signing_secret()
@@ -49,7 +53,8 @@ def producer_group_create(*, name: str, check_url: str) -> ProducerGroup:
 
 
 def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
-    callback_url_check(check_url)
+    if check_url:
+        callback_url_check(check_url)
     updated = ProducerGroup.objects.filter(name=name).update(
         check_url=check_url, updated_at=timezone.now()
     )
@@ -146,7 +151,11 @@ def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
-        name=name, token_hash=hash_token(raw), prefix=raw[:10], scopes=sorted(set(scopes))
+        name=name,
+        token_hash=hash_token(raw),
+        prefix=raw[:10],
+        scopes=sorted(set(scopes)),
+        access_key=new_access_key(),
     )
     return token, raw
 

@@ -1,15 +1,24 @@
 """Appending visible messages to the commit log, and normal (non-transactional) sends."""
 
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.broker import failpoints
-from apps.broker.models import CommitLogEntry, MessageFields, Topic, new_msg_id
+from apps.broker.models import (
+    CommitLogEntry,
+    DelayedMessage,
+    HalfMessage,
+    MessageFields,
+    Topic,
+    new_msg_id,
+)
+from apps.broker.services.errors import Conflict
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,11 @@ class OutgoingMessage:
 
 def queue_for(*, topic: Topic, msg_id: str) -> int:
     # msg_id is random, so this spreads messages evenly over the queues with no shared state.
-    return int(msg_id, 16) % topic.queues
+    # A RocketMQ client's id is hex too ("01" + host, process, time and a counter).
+    try:
+        return int(msg_id, 16) % topic.queues
+    except ValueError:  # a client-made id that is not hex: any stable spread will do
+        return int(hashlib.sha256(msg_id.encode()).hexdigest()[:8], 16) % topic.queues
 
 
 # Hands out a queue's next offset. The UPDATE keeps the queue row locked until the caller's
@@ -104,16 +117,62 @@ class Sent:
 
 
 def message_send(
-    *, topic: Topic, message: OutgoingMessage, deliver_at: datetime | None = None
+    *,
+    topic: Topic,
+    message: OutgoingMessage,
+    deliver_at: datetime | None = None,
+    msg_id: str | None = None,
 ) -> Sent:
     """A normal send, visible at once or (delayed) at `deliver_at`. The 201 is sent only after
-    this transaction committed."""
-    [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
-    return sent
+    this transaction committed.
+
+    `msg_id`: the producer's own message id (a RocketMQ client's); a retry with the same id
+    answers what the first send stored and stores nothing (see `message_by_client_id`)."""
+    if msg_id is None:
+        [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
+        return sent
+    for _ in range(2):
+        earlier = message_by_client_id(msg_id=msg_id, topic=topic, message=message)
+        if earlier is not None:
+            return earlier
+        try:
+            [sent] = message_send_batch(
+                topic=topic, messages=[(message, deliver_at)], msg_ids=[msg_id]
+            )
+            return sent
+        except IntegrityError:
+            continue  # a concurrent retry stored it first (unique msg_id): answer what it stored
+    raise Conflict(f"Message id {msg_id} is in use.")
+
+
+def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage) -> Sent | None:
+    """The message a producer already stored under its own id, or None. The same id used for
+    another group's or topic's message, or by a transaction, is a conflict (never an answer
+    about someone else's message)."""
+    entry = CommitLogEntry.objects.filter(msg_id=msg_id).first()
+    if entry is not None:
+        if entry.topic_id != topic.pk or entry.producer_group != message.producer_group:
+            raise Conflict(f"Message id {msg_id} is in use by another message.")
+        if entry.transaction_id is not None:
+            raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+        return Sent(msg_id, topic, entry.queue_id, entry.queue_offset, entry.stored_at)
+    delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
+    if delayed is not None:
+        if delayed.topic_id != topic.pk or delayed.producer_group != message.producer_group:
+            raise Conflict(f"Message id {msg_id} is in use by another message.")
+        if delayed.transaction_id is not None:
+            raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+        return Sent(msg_id, topic, delayed.queue_id, None, delayed.deliver_at)
+    if HalfMessage.objects.filter(msg_id=msg_id).exists():
+        raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+    return None
 
 
 def message_send_batch(
-    *, topic: Topic, messages: list[tuple[OutgoingMessage, datetime | None]]
+    *,
+    topic: Topic,
+    messages: list[tuple[OutgoingMessage, datetime | None]],
+    msg_ids: list[str] | None = None,
 ) -> list[Sent]:
     """Normal sends, all stored in one transaction or none; answers in the order given.
 
@@ -122,7 +181,7 @@ def message_send_batch(
     deadlock. Offsets within a queue follow the order of the batch."""
     from apps.broker.services.delivery import delayed_store
 
-    msg_ids = [new_msg_id() for _ in messages]
+    msg_ids = msg_ids or [new_msg_id() for _ in messages]
     queues = [queue_for(topic=topic, msg_id=msg_id) for msg_id in msg_ids]
     now = timezone.now()
     sent: list[Sent | None] = [None] * len(messages)

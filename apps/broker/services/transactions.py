@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.broker import failpoints, limits
@@ -61,6 +61,7 @@ class Prepared:
     check_immunity_seconds: int | None = None
     delay_level: int | None = None
     deliver_at: datetime | None = None
+    msg_id: str | None = None  # the producer's own message id (a RocketMQ client's)
 
 
 def transaction_prepare(
@@ -72,14 +73,48 @@ def transaction_prepare(
     check_immunity_seconds: int | None = None,
     delay_level: int | None = None,
     deliver_at: datetime | None = None,
+    msg_id: str | None = None,
 ) -> HalfMessage:
     """Stores the half message (invisible). A delay applies from the commit on: a level is kept
-    as seconds to count from the commit, an instant as it is."""
-    item = Prepared(message, check_immunity_seconds, delay_level, deliver_at)
-    [half] = transaction_prepare_batch(
-        producer_group=producer_group, topic=topic, items=[item], actor=actor
-    )
-    return half
+    as seconds to count from the commit, an instant as it is.
+
+    `msg_id`: the producer's own message id (a RocketMQ client's). A retry with the same id
+    answers the half message the first one stored and stores nothing."""
+    item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, msg_id)
+    if msg_id is None:
+        [half] = transaction_prepare_batch(
+            producer_group=producer_group, topic=topic, items=[item], actor=actor
+        )
+        return half
+    for _ in range(2):
+        earlier = _half_by_client_id(msg_id, producer_group, topic)
+        if earlier is not None:
+            return earlier
+        try:
+            [half] = transaction_prepare_batch(
+                producer_group=producer_group, topic=topic, items=[item], actor=actor
+            )
+            return half
+        except IntegrityError:
+            continue  # a concurrent retry stored it first (unique msg_id): answer what it stored
+    raise Conflict(f"Message id {msg_id} is in use.")
+
+
+def _half_by_client_id(
+    msg_id: str, producer_group: ProducerGroup, topic: Topic
+) -> HalfMessage | None:
+    half = HalfMessage.objects.filter(msg_id=msg_id).select_related("topic", "producer_group")
+    earlier = half.first()
+    if earlier is None:
+        if (
+            CommitLogEntry.objects.filter(msg_id=msg_id).exists()
+            or DelayedMessage.objects.filter(msg_id=msg_id).exists()
+        ):
+            raise Conflict(f"Message id {msg_id} is in use by another message.")
+        return None
+    if earlier.producer_group_id != producer_group.pk or earlier.topic_id != topic.pk:
+        raise Conflict(f"Message id {msg_id} is in use by another message.")
+    return earlier
 
 
 def transaction_prepare_batch(
@@ -90,7 +125,7 @@ def transaction_prepare_batch(
     now = timezone.now()
     halves = []
     for item in items:
-        msg_id = new_msg_id()
+        msg_id = item.msg_id or new_msg_id()
         # The first check no sooner than TXHUB_TRANSACTION_TIMEOUT; immunity raises it, never
         # lowers it.
         first_check = max(settings.TXHUB_TRANSACTION_TIMEOUT, item.check_immunity_seconds or 0)

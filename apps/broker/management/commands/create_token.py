@@ -1,9 +1,10 @@
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.broker import limits
-from apps.broker.services import registry
+from apps.broker.services import credentials, registry
 
 
 class Command(BaseCommand):
@@ -17,11 +18,22 @@ class Command(BaseCommand):
             required=True,
             help="admin, produce:<producer group> or consume:<consumer group>; repeatable",
         )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print {id, token, access_key, secret_key} as JSON instead of the token alone",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             scopes = [limits.check_scope(scope) for scope in options["scope"]]
         except limits.LimitError as error:
             raise CommandError(str(error)) from None
-        _, raw = registry.token_create(name=options["name"], scopes=scopes)
+        token, raw = registry.token_create(name=options["name"], scopes=scopes)
+        keys = credentials.of(token)
+        if options["json"]:
+            self.stdout.write(json.dumps({"id": token.pk, "token": raw, **keys}))
+            return
         self.stdout.write(raw)
+        # The RocketMQ credentials on stderr: stdout stays the token alone (CONTRACT section 3).
+        self.stderr.write(f"access_key={keys['access_key']} secret_key={keys['secret_key']}")

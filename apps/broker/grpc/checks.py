@@ -1,0 +1,74 @@
+"""Check requests from check-back (a Celery worker) to the gRPC process that holds a producer's
+Telemetry stream: Redis pub/sub, one channel per gRPC process. docs/decisions/0023.
+
+A request lost on the way (the process died, Redis restarted) costs nothing but time: the
+check was counted as sent, and the next one comes after TXHUB_CHECK_INTERVAL, as for a producer
+that answered UNKNOWN."""
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import redis.asyncio
+from django.conf import settings
+
+from apps.broker.grpc import streams
+from apps.broker.grpc.calls import db, log
+from apps.broker.grpc.protocol import message_of, pb, rpc
+from apps.broker.models import HalfMessage
+from apps.broker.models import TransactionState as State
+from apps.broker.services import checkback_stream
+
+CHANNEL_PREFIX = checkback_stream.CHANNEL_PREFIX
+
+
+def channel_of(process: str) -> str:
+    return CHANNEL_PREFIX + process
+
+
+async def listen(*, process: str) -> None:
+    """Forwards every check request published for this process to the client's stream."""
+    while True:
+        client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
+        try:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe(channel_of(process))
+                async for item in pubsub.listen():
+                    if item.get("type") == "message":
+                        await _forward(json.loads(item["data"]))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # Redis away: checks wait for the next scan meanwhile
+            log.warning("check-back listener: %s; subscribing again in 1 s", error)
+            await asyncio.sleep(1)
+        finally:
+            await client.aclose()
+
+
+async def _forward(request: dict[str, Any]) -> None:
+    command = await db(_command_for, uuid.UUID(request["transaction_id"]))
+    if command is None:
+        return  # resolved since the scan claimed it: no check is sent (invariant 7)
+    if not streams.send_to(request["client_id"], command):
+        log.info(
+            "check for %s: client %s is not connected here",
+            request["transaction_id"],
+            request["client_id"],
+        )
+
+
+def _command_for(transaction_id: uuid.UUID) -> Any:
+    half = (
+        HalfMessage.objects.select_related("topic")
+        .filter(transaction_id=transaction_id, state=State.PREPARED)
+        .first()
+    )
+    if half is None:
+        return None
+    message = message_of(half, topic=half.topic.name, message_type=pb.TRANSACTION)
+    return rpc.TelemetryCommand(
+        recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
+            message=message, transaction_id=str(transaction_id)
+        )
+    )

@@ -1,0 +1,461 @@
+"""`apache.rocketmq.v2.MessagingService`: each RPC checks the caller and its input, calls one
+`apps.broker.services` function (the REST door's), and answers in the protocol's terms."""
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.broker import limits, selectors
+from apps.broker.grpc import streams
+from apps.broker.grpc.auth import Caller, caller_of, metadata_of
+from apps.broker.grpc.calls import db, log, unary, wait_for
+from apps.broker.grpc.protocol import (
+    Code,
+    Refusal,
+    duration_seconds,
+    limit_refusal,
+    message_of,
+    pb,
+    refusal_of,
+    rpc,
+    rpc_grpc,
+    status,
+    timestamp,
+    to_datetime,
+)
+from apps.broker.models import Resolver
+from apps.broker.services import (
+    checkback_stream,
+    clients,
+    consuming,
+    delivery,
+    sending,
+    transactions,
+)
+from apps.broker.services.errors import BrokerError
+from apps.broker.services.transactions import Actor
+
+ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+# The REST door's bounds (CONTRACT section 3): receive batch and invisible time.
+MAX_BATCH = 32
+MIN_INVISIBLE, MAX_INVISIBLE, DEFAULT_INVISIBLE = 10, 43200, 60
+UNSUPPORTED = {
+    "PullMessage": "PullMessage (offsets) is not supported: txhub keeps consumer offsets itself; "
+    "use a SimpleConsumer or PushConsumer.",
+    "UpdateOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
+    "GetOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
+    "QueryOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
+    "RecallMessage": "RecallMessage is not supported by txhub.",
+    "SyncLiteSubscription": "Lite topics are not supported by txhub.",
+}
+
+
+async def authenticate(context: Any) -> Caller:
+    return await db(caller_of, metadata_of(context))
+
+
+def _topic(name: str) -> Any:
+    try:
+        limits.check_name(name, what="The topic")
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_TOPIC, str(error)) from None
+    try:
+        return selectors.topic_get(name=name)
+    except BrokerError as error:
+        raise refusal_of(error, not_found=Code.TOPIC_NOT_FOUND) from None
+
+
+def _consumer_group(caller: Caller, name: str) -> Any:
+    try:
+        limits.check_name(name, what="The consumer group")
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_CONSUMER_GROUP, str(error)) from None
+    caller.require("consume", name)
+    try:
+        return selectors.consumer_group_get(name=name)
+    except BrokerError as error:
+        raise refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND) from None
+
+
+class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    def __init__(self, *, process: str) -> None:
+        self.process = process
+
+    # Routes and liveness -----------------------------------------------------------------
+
+    @unary(rpc.QueryRouteResponse, not_found=Code.TOPIC_NOT_FOUND)
+    async def QueryRoute(self, request: Any, context: Any) -> Any:
+        await authenticate(context)
+        topic = await db(_topic, request.topic.name)
+        # One broker: this access point, whichever process the client reached (every gRPC
+        # process serves every queue).
+        endpoints = request.endpoints if request.endpoints.addresses else self._endpoints()
+        broker = pb.Broker(name="txhub", id=0, endpoints=endpoints)
+        queues = [
+            pb.MessageQueue(
+                topic=pb.Resource(
+                    name=topic.name, resource_namespace=request.topic.resource_namespace
+                ),
+                id=queue_id,
+                permission=pb.READ_WRITE,
+                broker=broker,
+                accept_message_types=ACCEPTED_TYPES,
+            )
+            for queue_id in range(topic.queues)
+        ]
+        return rpc.QueryRouteResponse(status=status(), message_queues=queues)
+
+    def _endpoints(self) -> Any:
+        address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
+        return pb.Endpoints(scheme=pb.IPv4, addresses=[address])
+
+    @unary(rpc.HeartbeatResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        group = ""
+        if request.client_type == pb.PRODUCER:
+            group = caller.producer_group()
+        elif request.HasField("group") and request.group.name:
+            group = request.group.name
+            await db(_consumer_group, caller, group)
+        await db(
+            clients.client_seen,
+            client_id=caller.client_id,
+            token_id=caller.principal.token_id,
+            client_type=pb.ClientType.Name(request.client_type),
+            group=group,
+        )
+        return rpc.HeartbeatResponse(status=status())
+
+    @unary(rpc.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        await db(clients.client_terminated, client_id=caller.client_id)
+        return rpc.NotifyClientTerminationResponse(status=status())
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            caller = await authenticate(context)
+        except Refusal as refusal:
+            yield rpc.TelemetryCommand(status=status(refusal.code, refusal.message))
+            return
+        async for command in streams.serve(
+            caller=caller, requests=request_iterator, process=self.process
+        ):
+            yield command
+
+    # Producers ---------------------------------------------------------------------------
+
+    @unary(rpc.SendMessageResponse, not_found=Code.TOPIC_NOT_FOUND)
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        group = caller.producer_group()
+        if not 1 <= len(request.messages) <= 64:
+            raise Refusal(Code.BAD_REQUEST, "Send 1 to 64 messages per request.")
+        entries = []
+        for message in request.messages:
+            try:
+                entries.append(await db(self._send_one, caller, group, message))
+            except Refusal as refused:
+                entries.append(rpc.SendResultEntry(status=status(refused.code, refused.message)))
+            except BrokerError as error:
+                mapped = refusal_of(error, not_found=Code.TOPIC_NOT_FOUND)
+                entries.append(rpc.SendResultEntry(status=status(mapped.code, mapped.message)))
+        first = entries[0].status
+        ok = all(entry.status.code == Code.OK for entry in entries)
+        overall = (
+            first if len(entries) == 1 or ok else status(Code.MULTIPLE_RESULTS, "See entries.")
+        )
+        return rpc.SendMessageResponse(status=overall, entries=entries)
+
+    def _send_one(self, caller: Caller, group: str, message: Any) -> Any:
+        """Every limit first (CONTRACT section 3), then one service call."""
+        system = message.system_properties
+        if system.HasField("message_group") and system.message_group:
+            raise Refusal(Code.UNSUPPORTED, "FIFO messages (message groups) are not supported.")
+        if system.HasField("lite_topic") and system.lite_topic:
+            raise Refusal(Code.UNSUPPORTED, "Lite topics are not supported.")
+        if system.HasField("priority"):
+            raise Refusal(Code.UNSUPPORTED, "Priority messages are not supported.")
+        if system.body_encoding == pb.GZIP:
+            raise Refusal(Code.UNSUPPORTED, "Compressed (GZIP) bodies are not supported.")
+        outgoing = self._outgoing(group, message)
+        msg_id = system.message_id
+        if not msg_id or len(msg_id) > 64 or not msg_id.isascii() or not msg_id.isalnum():
+            raise Refusal(Code.ILLEGAL_MESSAGE_ID, "A message id is 1-64 ASCII letters and digits.")
+        is_transaction = system.message_type == pb.TRANSACTION
+        deliver_at: datetime | None = None
+        if system.HasField("delivery_timestamp"):
+            if is_transaction:
+                raise Refusal(
+                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                    "A transactional message has no delivery time.",
+                )
+            try:
+                deliver_at = delivery.delivery_time(
+                    delay_level=None,
+                    deliver_at=to_datetime(system.delivery_timestamp),
+                    start=timezone.now(),
+                )
+            except BrokerError as error:
+                raise Refusal(Code.ILLEGAL_DELIVERY_TIME, error.message) from None
+        selectors.topic_allowed(kind="produce", group=group, topic=message.topic.name)
+        topic = _topic(message.topic.name)
+        producer_group = selectors.producer_group_get(name=group)
+        if is_transaction:
+            half = transactions.transaction_prepare(
+                producer_group=producer_group,
+                topic=topic,
+                message=outgoing,
+                actor=Actor(Resolver.PRODUCER, caller.principal.name),
+                msg_id=msg_id,
+            )
+            return rpc.SendResultEntry(
+                status=status(),
+                message_id=half.msg_id,
+                transaction_id=str(half.transaction_id),
+            )
+        sent = sending.message_send(
+            topic=topic, message=outgoing, deliver_at=deliver_at, msg_id=msg_id
+        )
+        return rpc.SendResultEntry(
+            status=status(), message_id=sent.msg_id, offset=sent.queue_offset or 0
+        )
+
+    @staticmethod
+    def _outgoing(group: str, message: Any) -> sending.OutgoingMessage:
+        body = bytes(message.body)
+        system = message.system_properties
+        try:
+            limits.check_body_size(body)
+        except limits.LimitError as error:
+            code = Code.MESSAGE_BODY_TOO_LARGE if error.too_large else Code.MESSAGE_BODY_EMPTY
+            raise Refusal(code, str(error)) from None
+        tag = system.tag if system.HasField("tag") else ""
+        try:
+            if tag:
+                limits.check_tag(limits.check_text(tag))
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_MESSAGE_TAG, str(error)) from None
+        keys = list(system.keys)
+        properties = dict(message.user_properties)
+        try:
+            for text in [*keys, *properties.values()]:
+                limits.check_text(text)
+            for key in properties:
+                limits.check_text(key)
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, str(error)) from None
+        try:
+            limits.check_meta(tags=tag, keys=keys, properties=properties)
+        except limits.LimitError as error:
+            raise limit_refusal(error, code=Code.MESSAGE_PROPERTIES_TOO_LARGE) from None
+        # The REST door answers a body in the field it was sent with: UTF-8 text that Postgres
+        # text can hold as `body`, anything else as `body_base64`.
+        try:
+            limits.check_text(body.decode())
+            binary = False
+        except (UnicodeDecodeError, limits.LimitError):
+            binary = True
+        return sending.OutgoingMessage(
+            producer_group=group,
+            body=body,
+            body_is_binary=binary,
+            tags=tag,
+            keys=keys,
+            properties=properties,
+        )
+
+    @unary(rpc.EndTransactionResponse, not_found=Code.INVALID_TRANSACTION_ID)
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        try:
+            transaction_id = uuid.UUID(request.transaction_id)
+        except ValueError:
+            raise Refusal(
+                Code.INVALID_TRANSACTION_ID, "The transaction id is not one of txhub's."
+            ) from None
+        if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
+            raise Refusal(Code.BAD_REQUEST, "The resolution must be COMMIT or ROLLBACK.")
+        commit = request.resolution == pb.COMMIT
+        groups = caller.groups("produce")
+        if request.source == pb.SOURCE_SERVER_CHECK:
+            # The answer to a check sent on this producer's stream: applied as check-back's.
+            await db(
+                checkback_stream.checkback_answer,
+                transaction_id=transaction_id,
+                answer="COMMIT" if commit else "ROLLBACK",
+                via={"via": "telemetry", "client_id": caller.client_id},
+                producer_groups=groups,
+            )
+            return rpc.EndTransactionResponse(status=status())
+        resolve = transactions.transaction_commit if commit else transactions.transaction_rollback
+        await db(
+            resolve,
+            transaction_id=transaction_id,
+            actor=Actor(Resolver.PRODUCER, caller.principal.name),
+            producer_groups=groups,
+        )
+        return rpc.EndTransactionResponse(status=status())
+
+    # Consumers ---------------------------------------------------------------------------
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            caller = await authenticate(context)
+            group, topic, tags = await db(self._receive_target, caller, request)
+            invisible: float = DEFAULT_INVISIBLE
+            if request.HasField("invisible_duration"):
+                invisible = duration_seconds(request.invisible_duration)
+                if not MIN_INVISIBLE <= invisible <= MAX_INVISIBLE:
+                    raise Refusal(
+                        Code.ILLEGAL_INVISIBLE_TIME,
+                        f"The invisible duration must be {MIN_INVISIBLE}..{MAX_INVISIBLE} s.",
+                    )
+            batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
+            wait = 0.0
+            if request.HasField("long_polling_timeout"):
+                wait = min(
+                    duration_seconds(request.long_polling_timeout),
+                    settings.TXHUB_GRPC_LONG_POLL_MAX,
+                )
+            remaining = context.time_remaining()
+            if remaining is not None:  # answer before the client's own deadline
+                wait = max(0.0, min(wait, remaining - 1.0))
+            seconds = int(invisible)
+
+            def fetch() -> list[consuming.Received]:
+                return consuming.message_receive(
+                    group=group,
+                    topic=topic,
+                    max_messages=batch,
+                    invisible_seconds=seconds,
+                    tags=tags,
+                )
+
+            received = await wait_for(fetch, seconds=wait)
+        except Refusal as refused:
+            yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
+            return
+        except BrokerError as error:
+            mapped = refusal_of(error)
+            yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
+            return
+        except Exception:
+            log.exception("gRPC ReceiveMessage failed")
+            yield rpc.ReceiveMessageResponse(status=status(Code.INTERNAL_ERROR, "Internal error."))
+            return
+        if not received:
+            yield rpc.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "No new message.")
+            )
+            return
+        yield rpc.ReceiveMessageResponse(status=status())
+        for item in received:
+            message = message_of(
+                item.message,
+                topic=topic.name,
+                receipt_handle=item.receipt_handle,
+                delivery_attempt=item.delivery.attempts,
+                invisible_seconds=seconds,
+                message_type=pb.TRANSACTION if item.message.transaction_id else pb.NORMAL,
+            )
+            yield rpc.ReceiveMessageResponse(message=message)
+        yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
+
+    def _receive_target(self, caller: Caller, request: Any) -> tuple[Any, Any, Any]:
+        group = _consumer_group(caller, request.group.name)
+        expression = request.filter_expression
+        if expression.type == pb.SQL:
+            raise Refusal(Code.UNSUPPORTED, "SQL92 filters are not supported: use tags.")
+        try:
+            tags = limits.parse_tag_expression(limits.check_text(expression.expression or "*"))
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
+        selectors.topic_allowed(
+            kind="consume", group=group.name, topic=request.message_queue.topic.name
+        )
+        topic = _topic(request.message_queue.topic.name)
+        return group, topic, tags
+
+    @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        group = await db(_consumer_group, caller, request.group.name)
+        if not 1 <= len(request.entries) <= 1000:
+            raise Refusal(Code.BAD_REQUEST, "Ack 1 to 1000 messages per request.")
+        handles = [entry.receipt_handle for entry in request.entries]
+        acked, _ = await db(consuming.message_ack, group=group, receipt_handles=handles)
+        done = set(acked)
+        entries = []
+        for entry in request.entries:
+            ok = entry.receipt_handle in done
+            entries.append(
+                rpc.AckMessageResultEntry(
+                    message_id=entry.message_id,
+                    receipt_handle=entry.receipt_handle,
+                    status=status()
+                    if ok
+                    else status(
+                        Code.INVALID_RECEIPT_HANDLE, "The receipt handle is expired or unknown."
+                    ),
+                )
+            )
+        codes = {entry.status.code for entry in entries}
+        overall = (
+            entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "See entries.")
+        )
+        return rpc.AckMessageResponse(status=overall, entries=entries)
+
+    @unary(rpc.ChangeInvisibleDurationResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        group = await db(_consumer_group, caller, request.group.name)
+        seconds = duration_seconds(request.invisible_duration)
+        # A nack's backoff may be shorter than a receive's minimum: 1 s up (it is a retry delay).
+        if not 1 <= seconds <= MAX_INVISIBLE:
+            raise Refusal(
+                Code.ILLEGAL_INVISIBLE_TIME, f"The invisible duration must be 1..{MAX_INVISIBLE} s."
+            )
+        try:
+            received = await db(
+                consuming.message_change_invisible,
+                group=group,
+                receipt_handle=request.receipt_handle,
+                invisible_seconds=max(1, round(seconds)),
+            )
+        except BrokerError as error:
+            raise Refusal(Code.INVALID_RECEIPT_HANDLE, error.message) from None
+        return rpc.ChangeInvisibleDurationResponse(
+            status=status(), receipt_handle=received.receipt_handle
+        )
+
+    # Not supported: a clear UNSUPPORTED, never a silent empty answer ----------------------
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        yield rpc.PullMessageResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["PullMessage"]))
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        return rpc.UpdateOffsetResponse(
+            status=status(Code.UNSUPPORTED, UNSUPPORTED["UpdateOffset"])
+        )
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        return rpc.GetOffsetResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["GetOffset"]))
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        return rpc.QueryOffsetResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["QueryOffset"]))
+
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        return rpc.RecallMessageResponse(
+            status=status(Code.UNSUPPORTED, UNSUPPORTED["RecallMessage"])
+        )
+
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        return rpc.SyncLiteSubscriptionResponse(
+            status=status(Code.UNSUPPORTED, UNSUPPORTED["SyncLiteSubscription"])
+        )

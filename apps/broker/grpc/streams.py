@@ -1,0 +1,147 @@
+"""Telemetry streams: settings both ways, and check-back commands to producers.
+
+Each gRPC process keeps the streams it holds in `OPEN` (client id -> outbox). Who the client is
+(type, group, topics) is kept in Postgres by client id (services/clients.py), because the Python
+client reopens a broken stream without re-sending its settings for up to 5 minutes."""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.conf import settings
+
+from apps.broker.grpc.auth import Caller
+from apps.broker.grpc.calls import db, log
+from apps.broker.grpc.protocol import Code, Refusal, duration, pb, rpc, status
+from apps.broker.models import ConsumerGroup
+from apps.broker.services import clients
+
+# Streams held by this process: client id -> the commands waiting to be written to it.
+OPEN: dict[str, "asyncio.Queue[Any]"] = {}
+
+# What the server announces (the issue's numbers; RocketMQ's proxy defaults).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+RECEIVE_BATCH = 32
+PRODUCER_ATTEMPTS = 3
+# A consumer's retry backoff: RocketMQ's delay levels from 10 s on (a nack waits this long).
+CONSUMER_BACKOFF = [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600]
+
+
+async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator[Any]:
+    """One client's stream: replies to its settings, and whatever check-back queues for it."""
+    client_id = caller.client_id
+    if not client_id:
+        yield rpc.TelemetryCommand(
+            status=status(Code.CLIENT_ID_REQUIRED, "The x-mq-client-id header is required.")
+        )
+        return
+    outbox: asyncio.Queue[Any] = asyncio.Queue()
+    OPEN[client_id] = outbox
+    await db(
+        clients.client_stream_opened,
+        client_id=client_id,
+        token_id=caller.principal.token_id,
+        process=process,
+    )
+
+    async def read() -> None:
+        try:
+            async for command in requests:
+                if command.HasField("settings"):
+                    await outbox.put(await _on_settings(caller, command.settings))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a broken stream: the client reopens it
+            log.info("telemetry stream of %s ended: %s", client_id, error)
+        finally:
+            await outbox.put(None)
+
+    reader = asyncio.create_task(read())
+    try:
+        while True:
+            command = await outbox.get()
+            if command is None:
+                return
+            yield command
+    finally:
+        reader.cancel()
+        if OPEN.get(client_id) is outbox:
+            del OPEN[client_id]
+            with contextlib.suppress(Exception):  # shutting down: the row is refreshed later
+                await db(clients.client_stream_closed, client_id=client_id, process=process)
+
+
+async def _on_settings(caller: Caller, received: Any) -> Any:
+    """Remembers who the client is and answers the server's settings (the Node client does not
+    finish starting without this reply)."""
+    try:
+        return await db(_settings_reply, caller, received)
+    except Refusal as refusal:
+        return rpc.TelemetryCommand(status=status(refusal.code, refusal.message))
+
+
+def _settings_reply(caller: Caller, received: Any) -> Any:
+    reply = pb.Settings()
+    reply.CopyFrom(received)
+    client_type = received.client_type
+    agent = received.user_agent
+    common = {
+        "client_id": caller.client_id,
+        "token_id": caller.principal.token_id,
+        "client_type": pb.ClientType.Name(client_type),
+        "language": pb.Language.Name(agent.language) if agent.language else caller.language,
+        "version": agent.version or caller.version,
+        "hostname": agent.hostname,
+    }
+    if client_type == pb.PRODUCER:
+        group = caller.producer_group()
+        topics = [topic.name for topic in received.publishing.topics]
+        clients.client_seen(**common, group=group, topics=topics)
+        reply.backoff_policy.CopyFrom(
+            pb.RetryPolicy(
+                max_attempts=PRODUCER_ATTEMPTS,
+                exponential_backoff=pb.ExponentialBackoff(
+                    initial=duration(0.01), max=duration(1), multiplier=2
+                ),
+            )
+        )
+        reply.publishing.max_body_size = MAX_BODY_BYTES
+        reply.publishing.validate_message_type = True
+    else:
+        subscription = received.subscription
+        group_name = subscription.group.name
+        caller.require("consume", group_name)
+        consumer_group = ConsumerGroup.objects.filter(name=group_name).first()
+        if consumer_group is None:
+            raise Refusal(
+                Code.CONSUMER_GROUP_NOT_FOUND, f"Consumer group {group_name!r} does not exist."
+            )
+        topics = [entry.topic.name for entry in subscription.subscriptions]
+        clients.client_seen(**common, group=group_name, topics=topics)
+        reply.backoff_policy.CopyFrom(
+            pb.RetryPolicy(
+                max_attempts=consumer_group.max_delivery_attempts,
+                customized_backoff=pb.CustomizedBackoff(
+                    next=[duration(seconds) for seconds in CONSUMER_BACKOFF]
+                ),
+            )
+        )
+        reply.subscription.fifo = False
+        reply.subscription.receive_batch_size = RECEIVE_BATCH
+        asked = subscription.long_polling_timeout.seconds or settings.TXHUB_GRPC_LONG_POLL_MAX
+        clamped = min(
+            max(asked, settings.TXHUB_GRPC_LONG_POLL_MIN), settings.TXHUB_GRPC_LONG_POLL_MAX
+        )
+        reply.subscription.long_polling_timeout.CopyFrom(duration(clamped))
+    reply.metric.on = False
+    return rpc.TelemetryCommand(status=status(), settings=reply)
+
+
+def send_to(client_id: str, command: Any) -> bool:
+    """Queues a command on a stream this process holds; False if it holds none for the client."""
+    outbox = OPEN.get(client_id)
+    if outbox is None:
+        return False
+    outbox.put_nowait(command)
+    return True

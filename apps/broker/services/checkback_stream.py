@@ -1,0 +1,110 @@
+"""Check-back over a RocketMQ producer's Telemetry stream: the answer.
+
+The check goes out as a RecoverOrphanedTransactionCommand on a connected producer's stream; the
+producer answers with EndTransaction(source=SOURCE_SERVER_CHECK), applied here as check-back's
+answer: a CHECK op, then the same commit/rollback service, only while still PREPARED
+(CONTRACT invariant 7). docs/decisions/0023."""
+
+import json
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.broker.models import HalfMessage, OpKind, OpRecord, Resolver
+from apps.broker.models import TransactionState as State
+from apps.broker.services import clients, transactions
+from apps.broker.services.errors import NotFound
+from apps.broker.services.transactions import Actor
+
+CHECK_BACK = Actor(Resolver.CHECK_BACK, "check-back")
+# The gRPC processes' channels (apps/broker/grpc/checks.py subscribes to its own).
+CHANNEL_PREFIX = "txhub:grpc:check:"
+
+
+def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
+    """Asks a connected RocketMQ producer of the half's group to check it: publishes the request
+    to the gRPC process holding the producer's stream (any process; a producer that publishes
+    the topic first, and any instance of the group, so an orphan of a producer that exited is
+    settled by another one). Returns what to record of it, or None: no producer connected (or
+    none reachable), so the group's check URL is called as before."""
+    producers = clients.producers_with_stream(group=half.producer_group.name, topic=half.topic.name)
+    if not producers:
+        return None
+    request = json.dumps({"transaction_id": str(half.transaction_id)})
+    connection = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+    try:
+        for producer in producers:
+            payload = json.loads(request) | {"client_id": producer.client_id}
+            try:
+                # PUBLISH answers how many subscribers got it: 0 = that process is gone.
+                delivered = connection.publish(
+                    CHANNEL_PREFIX + producer.stream_process, json.dumps(payload)
+                )
+            except redis.RedisError:
+                return None
+            if delivered:
+                return {
+                    "via": "telemetry",
+                    "client_id": producer.client_id,
+                    "process": producer.stream_process,
+                }
+    finally:
+        connection.close()
+    return None
+
+
+def checkback_answer(
+    *,
+    transaction_id: uuid.UUID,
+    answer: str,
+    via: dict[str, Any],
+    producer_groups: Collection[str] | None,
+) -> str:
+    """Applies a producer's answer to a check sent on its stream. Returns what happened."""
+    with transaction.atomic():
+        # Lock: the producer's own late commit/rollback, an operator or a second answer to the
+        # same check queue up here; the answer applies only while the transaction is PREPARED.
+        half = (
+            HalfMessage.objects.select_for_update(of=("self",))
+            .select_related("producer_group")
+            .filter(transaction_id=transaction_id)
+            .first()
+        )
+        if half is None or (
+            producer_groups is not None and half.producer_group.name not in producer_groups
+        ):
+            raise NotFound(f"Transaction {transaction_id} does not exist.")
+        detail = {"answer": answer, "reached": True, "status": None, "error": "", **via}
+        if half.state != State.PREPARED:
+            _record_check(half, {**detail, "applied": False})
+            return "resolved-meanwhile"
+        # The check was counted when it was sent (checkback_run): not counted again here.
+        _record_check(half, {**detail, "applied": True})
+        resolve = (
+            transactions.transaction_commit
+            if answer == "COMMIT"
+            else transactions.transaction_rollback
+        )
+        resolve(
+            transaction_id=transaction_id,
+            actor=CHECK_BACK,
+            reason="answered by the producer over its Telemetry stream",
+        )
+        return answer
+
+
+def _record_check(half: HalfMessage, detail: dict[str, Any]) -> None:
+    OpRecord.objects.create(
+        half=half,
+        op=OpKind.CHECK,
+        source=Resolver.CHECK_BACK,
+        actor="check-back",
+        reason=detail["error"],
+        detail=detail,
+        at=timezone.now(),
+    )

@@ -1,0 +1,118 @@
+"""The gRPC door on real processes: `manage.py grpcserver` on the test database, the official
+RocketMQ Python client (pinned in pyproject.toml), and real Celery for check-back."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.broker.services import credentials, registry
+from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
+from tests.e2e.conftest import FAST, TEST_BROKER_URL, Celery
+
+
+def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> Any:
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url_for_tests(),
+        "CELERY_BROKER_URL": TEST_BROKER_URL,
+        "TXHUB_GRPC_PORT": str(port),
+        **FAST,
+        **(extra_env or {}),
+    }
+    process = subprocess.Popen(
+        [str(BIN / "python"), "manage.py", "grpcserver"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "grpcserver exited"
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return process
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("grpcserver did not start")
+
+
+def stop(process: Any) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=20)
+
+
+@dataclass
+class GrpcServer:
+    port: int
+    process: Any
+    log: Any
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def restart(self) -> None:
+        stop(self.process)
+        self.process = start_grpc(self.port, self.log)
+
+
+@pytest.fixture(scope="session")
+def grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
+    port = free_port()
+    with open(ROOT / "var" / "test-grpc.log", "w") as log:
+        server = GrpcServer(port, start_grpc(port, log), log)
+        yield server
+        stop(server.process)
+
+
+@pytest.fixture(scope="module")
+def celery_module(django_db_setup: None, tmp_path_factory: Any) -> Iterator[Celery]:
+    """Celery (a scans worker, a callbacks worker, beat) shared by a module's tests."""
+    celery = Celery(Path(tmp_path_factory.mktemp("celery")), {})
+    celery.start_worker()
+    celery.start_worker(concurrency=4, queue="callbacks")
+    celery.start_beat()
+    celery.wait_ready()
+    yield celery
+    celery.stop()
+
+
+@dataclass(frozen=True)
+class Setup:
+    topic: str
+    producer: str
+    consumer: str
+    access_key: str
+    secret_key: str
+    token_id: int
+
+
+@pytest.fixture
+def rocketmq_setup(transactional_db: None) -> Callable[..., Setup]:
+    """A topic, a producer group (no check URL), a consumer group and a token for both, with
+    its RocketMQ credentials."""
+
+    def make(suffix: str = "", max_delivery_attempts: int = 16) -> Setup:
+        topic, producer, consumer = f"orders{suffix}", f"shop{suffix}", f"billing{suffix}"
+        registry.topic_create(name=topic, queues=4)
+        registry.producer_group_create(name=producer)
+        registry.consumer_group_create(
+            name=consumer, max_delivery_attempts=max_delivery_attempts, consume_from="first"
+        )
+        token, _ = registry.token_create(
+            name="rocketmq", scopes=[f"produce:{producer}", f"consume:{consumer}"]
+        )
+        keys = credentials.of(token)
+        return Setup(topic, producer, consumer, keys["access_key"], keys["secret_key"], token.pk)
+
+    return make

@@ -51,6 +51,15 @@ def test_a_producer_group_shows_its_secret_once_and_rotates(api: APIClient) -> N
     assert expect(patched, 200)["check_url"] == "http://127.0.0.1:9001/tx"
 
 
+def test_a_producer_group_may_have_no_check_url(api: APIClient) -> None:
+    """Issue 11: a gRPC-only producer group is checked over its producers' streams; with none
+    connected and no check_url its checks count as unreachable (no budget used)."""
+    created = expect(api.post("/api/v1/producer-groups", {"name": "grpc-only"}, format="json"), 201)
+    assert created["check_url"] == ""
+    assert created["signing_secret"].startswith("whsec_")
+    assert ProducerGroup.objects.get(name="grpc-only").check_url == ""
+
+
 def test_a_consumer_group_has_rocketmq_defaults(api: APIClient) -> None:
     created = expect(api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json"), 201)
     assert created["max_delivery_attempts"] == 16

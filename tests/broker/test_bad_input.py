@@ -183,7 +183,12 @@ def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) ->
         ("/api/v1/topics", {"name": "t", "queues": 0}, "queues"),
         ("/api/v1/topics", {"name": "t", "queues": "4"}, "queues"),
         ("/api/v1/producer-groups", {"name": "g", "check_url": "not a url"}, "check_url"),
-        ("/api/v1/producer-groups", {"name": "g"}, "check_url"),
+        ("/api/v1/producer-groups", {"name": "g", "check_url": 42}, "check_url"),
+        (
+            "/api/v1/producer-groups",
+            {"name": "g", "check_url": "http://127.0.0.1:99999/"},
+            "check_url",
+        ),
         (
             "/api/v1/consumer-groups",
             {"name": "g", "max_delivery_attempts": 0},

@@ -24,6 +24,8 @@ def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> 
         "DATABASE_URL": db_url_for_tests(),
         "CELERY_BROKER_URL": TEST_BROKER_URL,
         "TXHUB_GRPC_PORT": str(port),
+        # A PushConsumer's nack backoff (announced on Telemetry): seconds, not RocketMQ's minutes.
+        "TXHUB_GRPC_CONSUMER_BACKOFF": "1,2",
         **FAST,
         **(extra_env or {}),
     }

@@ -6,6 +6,7 @@ from typing import Any
 from django.conf import settings
 
 from apps.broker import limits, selectors
+from apps.broker.api import throttling
 from apps.broker.grpc.auth import Caller, caller_of, metadata_of
 from apps.broker.grpc.calls import db
 from apps.broker.grpc.protocol import Code, Refusal, pb, refusal_of
@@ -13,7 +14,22 @@ from apps.broker.services.errors import BrokerError
 
 
 async def authenticate(context: Any) -> Caller:
-    return await db(caller_of, metadata_of(context))
+    """The signed caller, counted against its token's rate limit (every RPC and every stream
+    opened counts once, as every REST request does)."""
+    return await db(_counted_caller, metadata_of(context))
+
+
+def _counted_caller(metadata: dict[str, str]) -> Caller:
+    caller = caller_of(metadata)
+    # The REST door's budget and counter (one per token, in the shared cache): not a second limit.
+    wait = throttling.token_call_throttled(caller.principal.token_id)
+    if wait is not None:
+        raise Refusal(
+            Code.TOO_MANY_REQUESTS,
+            f"Rate limit exceeded ({settings.TXHUB_THROTTLE_RATE} per token): "
+            f"retry in {int(wait)} s.",
+        )
+    return caller
 
 
 def topic_of(name: str) -> Any:

@@ -284,6 +284,16 @@ def run_oncommit(seconds: float, producers: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
+def run_grpc(url: str, seconds: float) -> list[str]:
+    """bench/grpc_send.py: the gRPC door (official Python client) against REST, its own line."""
+    command = [sys.executable, str(ROOT / "bench" / "grpc_send.py"), "--url", url]
+    command += ["--seconds", str(seconds)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return [f"grpc_send failed ({result.returncode}): {result.stderr.strip()[-600:]}"]
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
 def median(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -297,7 +307,7 @@ def main() -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=6)
     parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: batched,waiting,oncommit,failpoints"
+        "--skip", default="", help="comma-separated: batched,grpc,waiting,oncommit,failpoints"
     )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -386,6 +396,9 @@ def main() -> None:
     print(f"server CPU, single at {peak_n} producers: {split(f'single_{peak_n}_')}")
     if "batched" not in skip and not any(r["batched_rate"] != r["batched_rate"] for r in runs):
         print(f"server CPU, batched:  {split('batched_')}")
+    if "grpc" not in skip:
+        for line in run_grpc(args.url, args.seconds):
+            print(line)
     if "oncommit" not in skip:
         for line in run_oncommit(args.seconds, peak_n):
             print(line)

@@ -359,6 +359,14 @@ TXHUB_GRPC_LONG_POLL_MIN = env_float("TXHUB_GRPC_LONG_POLL_MIN", 5)
 TXHUB_GRPC_LONG_POLL_MAX = env_float("TXHUB_GRPC_LONG_POLL_MAX", 20)
 # A client not seen (heartbeat, any call) for this long is no longer listed as connected.
 TXHUB_GRPC_CLIENT_TTL = env_float("TXHUB_GRPC_CLIENT_TTL", 60)
+# A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
+# repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
+TXHUB_GRPC_CONSUMER_BACKOFF = [
+    int(seconds)
+    for seconds in env_list(
+        "TXHUB_GRPC_CONSUMER_BACKOFF", "10,30,60,120,180,240,300,360,420,480,540,600,1200,1800,3600"
+    )
+]
 
 LOGGING = {
     "version": 1,

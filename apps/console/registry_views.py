@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.broker import selectors
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
-from apps.broker.services import checkback, consuming, credentials, registry
+from apps.broker.services import checkback, clients, consuming, credentials, registry
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
     CheckUrlForm,
@@ -97,6 +97,7 @@ def producer_group_list(request: HttpRequest) -> HttpResponse:
         "console/producer_groups.html",
         {
             "groups": ProducerGroup.objects.order_by("name").prefetch_related("topics"),
+            "producers": clients.clients_connected().filter(client_type="PRODUCER"),
             "form": ProducerGroupForm(),
             "can_act": can_act(request.user),
         },
@@ -230,6 +231,9 @@ def consumer_group_detail(request: HttpRequest, name: str) -> HttpResponse:
             "group": group,
             "status": selectors.consumer_group_status(group=group),
             "dlq": selectors.dlq_list(group=group)[:200],
+            "consumers": clients.clients_connected(group=group.name).exclude(
+                client_type="PRODUCER"
+            ),
             "form": ConsumerGroupEditForm(
                 initial={"max_delivery_attempts": group.max_delivery_attempts}
             ),

@@ -24,6 +24,11 @@ def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> 
         "DATABASE_URL": db_url_for_tests(),
         "CELERY_BROKER_URL": TEST_BROKER_URL,
         "TXHUB_GRPC_PORT": str(port),
+        # A PushConsumer's nack backoff (announced on Telemetry): seconds, not RocketMQ's minutes.
+        "TXHUB_GRPC_CONSUMER_BACKOFF": "1,2",
+        # The long poll PushConsumers are told to use: a client's shutdown waits for the one in
+        # flight (Node 1.0.8 asks for none and gets the maximum, 20 s by default).
+        "TXHUB_GRPC_LONG_POLL_MAX": "5",
         **FAST,
         **(extra_env or {}),
     }

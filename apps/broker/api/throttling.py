@@ -11,7 +11,7 @@ problem; the price is the fixed window's known edge (up to twice the rate across
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import caches
@@ -45,18 +45,24 @@ class TokenRateThrottle(SimpleRateThrottle):
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         if request.auth is None:
             return None
+        return self._key(cast(int, request.auth))  # BearerTokenAuthentication: the id
+
+    def _key(self, token_id: int) -> str:
         window = int(self.now // (self.duration or 1))
-        return self.cache_format % {"scope": self.scope, "ident": request.auth, "window": window}
+        return self.cache_format % {"scope": self.scope, "ident": token_id, "window": window}
 
     def allow_request(self, request: Request, view: Any) -> bool:
+        if request.auth is None:
+            return True
+        return self.allow_token(cast(int, request.auth))
+
+    def allow_token(self, token_id: int) -> bool:
+        """Counts one call of the token; False once its window's budget is spent."""
         if self.rate is None or self.num_requests is None or self.duration is None:
             return True
         self.now = self.timer()
-        key = self.get_cache_key(request, view)
-        if key is None:
-            return True
         try:
-            count = self._count(key)
+            count = self._count(self._key(token_id))
         except Exception:  # noqa: BLE001 - any cache failure: fail open, see _log_outage
             _log_outage()
             return True
@@ -90,6 +96,14 @@ class TokenRateThrottle(SimpleRateThrottle):
         duration = self.duration or 1
         remaining = duration - (self.now % duration)
         return float(max(1, math.ceil(remaining)))
+
+
+def token_call_throttled(token_id: int) -> float | None:
+    """Counts one call of the token against TXHUB_THROTTLE_RATE, for a door that is not DRF (the
+    gRPC door): None within the budget, else the whole seconds until the window ends. The same
+    counter as the REST API's, so a token has one budget whichever door it calls."""
+    throttle = TokenRateThrottle()
+    return None if throttle.allow_token(token_id) else throttle.wait()
 
 
 def _log_outage() -> None:

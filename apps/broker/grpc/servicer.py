@@ -6,32 +6,36 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from apps.broker import limits, selectors
 from apps.broker.grpc import streams
-from apps.broker.grpc.auth import Caller, caller_of, metadata_of
-from apps.broker.grpc.calls import db, log, unary, wait_for
+from apps.broker.grpc.auth import Caller
+from apps.broker.grpc.calls import db, unary
+from apps.broker.grpc.consumers import ConsumerRpcs
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
-    duration_seconds,
     limit_refusal,
-    message_of,
     pb,
     refusal_of,
     rpc,
     rpc_grpc,
     status,
-    timestamp,
     to_datetime,
 )
+from apps.broker.grpc.resources import (
+    ACCEPTED_TYPES,
+    authenticate,
+    broker_of,
+    consumer_group_of,
+    topic_of,
+)
+from apps.broker.grpc.unsupported import UnsupportedRpcs
 from apps.broker.models import Resolver
 from apps.broker.services import (
     checkback_stream,
     clients,
-    consuming,
     delivery,
     sending,
     transactions,
@@ -39,49 +43,15 @@ from apps.broker.services import (
 from apps.broker.services.errors import BrokerError
 from apps.broker.services.transactions import Actor
 
-ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
-# The REST door's bounds (CONTRACT section 3): receive batch and invisible time.
-MAX_BATCH = 32
-MIN_INVISIBLE, MAX_INVISIBLE, DEFAULT_INVISIBLE = 10, 43200, 60
-UNSUPPORTED = {
-    "PullMessage": "PullMessage (offsets) is not supported: txhub keeps consumer offsets itself; "
-    "use a SimpleConsumer or PushConsumer.",
-    "UpdateOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
-    "GetOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
-    "QueryOffset": "Offsets are not supported: txhub keeps consumer offsets itself.",
-    "RecallMessage": "RecallMessage is not supported by txhub.",
-    "SyncLiteSubscription": "Lite topics are not supported by txhub.",
-}
 
+class MessagingService(
+    ConsumerRpcs,
+    UnsupportedRpcs,
+    rpc_grpc.MessagingServiceServicer,  # type: ignore[misc]
+):
+    """Routes, liveness and producers here; consumers in consumers.py; what txhub does not
+    serve in unsupported.py."""
 
-async def authenticate(context: Any) -> Caller:
-    return await db(caller_of, metadata_of(context))
-
-
-def _topic(name: str) -> Any:
-    try:
-        limits.check_name(name, what="The topic")
-    except limits.LimitError as error:
-        raise Refusal(Code.ILLEGAL_TOPIC, str(error)) from None
-    try:
-        return selectors.topic_get(name=name)
-    except BrokerError as error:
-        raise refusal_of(error, not_found=Code.TOPIC_NOT_FOUND) from None
-
-
-def _consumer_group(caller: Caller, name: str) -> Any:
-    try:
-        limits.check_name(name, what="The consumer group")
-    except limits.LimitError as error:
-        raise Refusal(Code.ILLEGAL_CONSUMER_GROUP, str(error)) from None
-    caller.require("consume", name)
-    try:
-        return selectors.consumer_group_get(name=name)
-    except BrokerError as error:
-        raise refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND) from None
-
-
-class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def __init__(self, *, process: str) -> None:
         self.process = process
 
@@ -90,11 +60,8 @@ class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     @unary(rpc.QueryRouteResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         await authenticate(context)
-        topic = await db(_topic, request.topic.name)
-        # One broker: this access point, whichever process the client reached (every gRPC
-        # process serves every queue).
-        endpoints = request.endpoints if request.endpoints.addresses else self._endpoints()
-        broker = pb.Broker(name="txhub", id=0, endpoints=endpoints)
+        topic = await db(topic_of, request.topic.name)
+        broker = broker_of(request.endpoints)
         queues = [
             pb.MessageQueue(
                 topic=pb.Resource(
@@ -109,10 +76,6 @@ class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         ]
         return rpc.QueryRouteResponse(status=status(), message_queues=queues)
 
-    def _endpoints(self) -> Any:
-        address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
-        return pb.Endpoints(scheme=pb.IPv4, addresses=[address])
-
     @unary(rpc.HeartbeatResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
@@ -121,7 +84,7 @@ class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             group = caller.producer_group()
         elif request.HasField("group") and request.group.name:
             group = request.group.name
-            await db(_consumer_group, caller, group)
+            await db(consumer_group_of, caller, group)
         await db(
             clients.client_seen,
             client_id=caller.client_id,
@@ -204,7 +167,7 @@ class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             except BrokerError as error:
                 raise Refusal(Code.ILLEGAL_DELIVERY_TIME, error.message) from None
         selectors.topic_allowed(kind="produce", group=group, topic=message.topic.name)
-        topic = _topic(message.topic.name)
+        topic = topic_of(message.topic.name)
         producer_group = selectors.producer_group_get(name=group)
         if is_transaction:
             half = transactions.transaction_prepare(
@@ -301,161 +264,3 @@ class MessagingService(rpc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             producer_groups=groups,
         )
         return rpc.EndTransactionResponse(status=status())
-
-    # Consumers ---------------------------------------------------------------------------
-
-    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        try:
-            caller = await authenticate(context)
-            group, topic, tags = await db(self._receive_target, caller, request)
-            invisible: float = DEFAULT_INVISIBLE
-            if request.HasField("invisible_duration"):
-                invisible = duration_seconds(request.invisible_duration)
-                if not MIN_INVISIBLE <= invisible <= MAX_INVISIBLE:
-                    raise Refusal(
-                        Code.ILLEGAL_INVISIBLE_TIME,
-                        f"The invisible duration must be {MIN_INVISIBLE}..{MAX_INVISIBLE} s.",
-                    )
-            batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
-            wait = 0.0
-            if request.HasField("long_polling_timeout"):
-                wait = min(
-                    duration_seconds(request.long_polling_timeout),
-                    settings.TXHUB_GRPC_LONG_POLL_MAX,
-                )
-            remaining = context.time_remaining()
-            if remaining is not None:  # answer before the client's own deadline
-                wait = max(0.0, min(wait, remaining - 1.0))
-            seconds = int(invisible)
-
-            def fetch() -> list[consuming.Received]:
-                return consuming.message_receive(
-                    group=group,
-                    topic=topic,
-                    max_messages=batch,
-                    invisible_seconds=seconds,
-                    tags=tags,
-                )
-
-            received = await wait_for(fetch, seconds=wait)
-        except Refusal as refused:
-            yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
-            return
-        except BrokerError as error:
-            mapped = refusal_of(error)
-            yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
-            return
-        except Exception:
-            log.exception("gRPC ReceiveMessage failed")
-            yield rpc.ReceiveMessageResponse(status=status(Code.INTERNAL_ERROR, "Internal error."))
-            return
-        if not received:
-            yield rpc.ReceiveMessageResponse(
-                status=status(Code.MESSAGE_NOT_FOUND, "No new message.")
-            )
-            return
-        yield rpc.ReceiveMessageResponse(status=status())
-        for item in received:
-            message = message_of(
-                item.message,
-                topic=topic.name,
-                receipt_handle=item.receipt_handle,
-                delivery_attempt=item.delivery.attempts,
-                invisible_seconds=seconds,
-                message_type=pb.TRANSACTION if item.message.transaction_id else pb.NORMAL,
-            )
-            yield rpc.ReceiveMessageResponse(message=message)
-        yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
-
-    def _receive_target(self, caller: Caller, request: Any) -> tuple[Any, Any, Any]:
-        group = _consumer_group(caller, request.group.name)
-        expression = request.filter_expression
-        if expression.type == pb.SQL:
-            raise Refusal(Code.UNSUPPORTED, "SQL92 filters are not supported: use tags.")
-        try:
-            tags = limits.parse_tag_expression(limits.check_text(expression.expression or "*"))
-        except limits.LimitError as error:
-            raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
-        selectors.topic_allowed(
-            kind="consume", group=group.name, topic=request.message_queue.topic.name
-        )
-        topic = _topic(request.message_queue.topic.name)
-        return group, topic, tags
-
-    @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
-    async def AckMessage(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
-        group = await db(_consumer_group, caller, request.group.name)
-        if not 1 <= len(request.entries) <= 1000:
-            raise Refusal(Code.BAD_REQUEST, "Ack 1 to 1000 messages per request.")
-        handles = [entry.receipt_handle for entry in request.entries]
-        acked, _ = await db(consuming.message_ack, group=group, receipt_handles=handles)
-        done = set(acked)
-        entries = []
-        for entry in request.entries:
-            ok = entry.receipt_handle in done
-            entries.append(
-                rpc.AckMessageResultEntry(
-                    message_id=entry.message_id,
-                    receipt_handle=entry.receipt_handle,
-                    status=status()
-                    if ok
-                    else status(
-                        Code.INVALID_RECEIPT_HANDLE, "The receipt handle is expired or unknown."
-                    ),
-                )
-            )
-        codes = {entry.status.code for entry in entries}
-        overall = (
-            entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "See entries.")
-        )
-        return rpc.AckMessageResponse(status=overall, entries=entries)
-
-    @unary(rpc.ChangeInvisibleDurationResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
-    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
-        group = await db(_consumer_group, caller, request.group.name)
-        seconds = duration_seconds(request.invisible_duration)
-        # A nack's backoff may be shorter than a receive's minimum: 1 s up (it is a retry delay).
-        if not 1 <= seconds <= MAX_INVISIBLE:
-            raise Refusal(
-                Code.ILLEGAL_INVISIBLE_TIME, f"The invisible duration must be 1..{MAX_INVISIBLE} s."
-            )
-        try:
-            received = await db(
-                consuming.message_change_invisible,
-                group=group,
-                receipt_handle=request.receipt_handle,
-                invisible_seconds=max(1, round(seconds)),
-            )
-        except BrokerError as error:
-            raise Refusal(Code.INVALID_RECEIPT_HANDLE, error.message) from None
-        return rpc.ChangeInvisibleDurationResponse(
-            status=status(), receipt_handle=received.receipt_handle
-        )
-
-    # Not supported: a clear UNSUPPORTED, never a silent empty answer ----------------------
-
-    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        yield rpc.PullMessageResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["PullMessage"]))
-
-    async def UpdateOffset(self, request: Any, context: Any) -> Any:
-        return rpc.UpdateOffsetResponse(
-            status=status(Code.UNSUPPORTED, UNSUPPORTED["UpdateOffset"])
-        )
-
-    async def GetOffset(self, request: Any, context: Any) -> Any:
-        return rpc.GetOffsetResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["GetOffset"]))
-
-    async def QueryOffset(self, request: Any, context: Any) -> Any:
-        return rpc.QueryOffsetResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["QueryOffset"]))
-
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return rpc.RecallMessageResponse(
-            status=status(Code.UNSUPPORTED, UNSUPPORTED["RecallMessage"])
-        )
-
-    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
-        return rpc.SyncLiteSubscriptionResponse(
-            status=status(Code.UNSUPPORTED, UNSUPPORTED["SyncLiteSubscription"])
-        )

@@ -24,8 +24,6 @@ OPEN: dict[str, "asyncio.Queue[Any]"] = {}
 MAX_BODY_BYTES = 4 * 1024 * 1024
 RECEIVE_BATCH = 32
 PRODUCER_ATTEMPTS = 3
-# A consumer's retry backoff: RocketMQ's delay levels from 10 s on (a nack waits this long).
-CONSUMER_BACKOFF = [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600]
 
 
 async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator[Any]:
@@ -123,7 +121,7 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
             pb.RetryPolicy(
                 max_attempts=consumer_group.max_delivery_attempts,
                 customized_backoff=pb.CustomizedBackoff(
-                    next=[duration(seconds) for seconds in CONSUMER_BACKOFF]
+                    next=[duration(seconds) for seconds in settings.TXHUB_GRPC_CONSUMER_BACKOFF]
                 ),
             )
         )

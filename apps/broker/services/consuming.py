@@ -278,6 +278,34 @@ def message_change_invisible(
     return Received(delivery, delivery.message)
 
 
+def message_dead_letter(
+    *, group: ConsumerGroup, receipt_handle: str, topic: Topic | None = None
+) -> Delivery:
+    """Moves a message its consumer gives up on (RocketMQ's ForwardMessageToDeadLetterQueue)
+    into the group's dead-letter queue at once: the DLQ that `dlq_list` shows (REST, console)
+    and `dlq_resend` empties, the same one exhausted deliveries reach on expiry."""
+    now = timezone.now()
+    parsed = _parse_handle(receipt_handle)
+    delivery = None
+    if parsed is not None:
+        held = Delivery.objects.filter(
+            pk=parsed[0],
+            handle_token=parsed[1],
+            group=group,
+            state=DeliveryState.INFLIGHT,
+            invisible_until__gt=now,
+        )
+        if topic is not None:
+            held = held.filter(topic=topic)
+        # A conditional UPDATE: a concurrent ack, change or redelivery of the row is re-checked
+        # by Postgres under its row lock, so exactly one of them wins.
+        if held.update(state=DeliveryState.DLQ, dlq_at=now):
+            delivery = Delivery.objects.select_related("message").get(pk=parsed[0])
+    if delivery is None:
+        raise invalid("receipt_handle", "The receipt handle is expired or unknown.")
+    return delivery
+
+
 def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
     """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
     now = timezone.now()

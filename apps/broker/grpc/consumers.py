@@ -1,0 +1,209 @@
+"""Consumer RPCs: SimpleConsumer (receive, ack, change invisible duration) and PushConsumer
+(assignments, then the same receive/ack; a failure is a nack through ChangeInvisibleDuration with
+the backoff the Telemetry settings announce; the dead-letter queue). Each calls one
+`services.consuming` function, the REST door's."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.broker import limits, selectors
+from apps.broker.grpc.calls import db, log, unary, wait_for
+from apps.broker.grpc.protocol import (
+    Code,
+    Refusal,
+    duration_seconds,
+    message_of,
+    pb,
+    refusal_of,
+    rpc,
+    status,
+    timestamp,
+)
+from apps.broker.grpc.resources import (
+    ACCEPTED_TYPES,
+    authenticate,
+    broker_of,
+    consumed_topic_of,
+    consumer_group_of,
+    topic_of,
+)
+from apps.broker.services import consuming
+from apps.broker.services.errors import BrokerError
+
+# The REST door's bounds (CONTRACT section 3): receive batch and invisible time.
+MAX_BATCH = 32
+MIN_INVISIBLE, MAX_INVISIBLE, DEFAULT_INVISIBLE = 10, 43200, 60
+# A nack's retry delay may be shorter than a receive's minimum; below 1 s it waits 1 s (the Node
+# client 1.0.8 nacks with 0 s when the server's backoff is a customized one, which it ignores).
+MIN_RETRY_DELAY = 1
+
+
+class ConsumerRpcs:
+    @unary(rpc.QueryAssignmentResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        """A PushConsumer's queues. As RocketMQ's proxy does for non-FIFO groups: one assignment
+        per broker, queue id -1 (every queue of the topic), so each client instance runs one long
+        poll and the server hands out messages from any queue, exactly once at a time."""
+        caller = await authenticate(context)
+        _, topic = await db(consumed_topic_of, caller, request.group.name, request.topic.name)
+        queue = pb.MessageQueue(
+            topic=pb.Resource(name=topic.name, resource_namespace=request.topic.resource_namespace),
+            id=-1,
+            permission=pb.READ_WRITE,
+            broker=broker_of(request.endpoints),
+            accept_message_types=ACCEPTED_TYPES,
+        )
+        return rpc.QueryAssignmentResponse(
+            status=status(), assignments=[pb.Assignment(message_queue=queue)]
+        )
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            caller = await authenticate(context)
+            group, topic, tags = await db(_receive_target, caller, request)
+            invisible: float = DEFAULT_INVISIBLE
+            if request.HasField("invisible_duration"):
+                invisible = duration_seconds(request.invisible_duration)
+                if not MIN_INVISIBLE <= invisible <= MAX_INVISIBLE:
+                    raise Refusal(
+                        Code.ILLEGAL_INVISIBLE_TIME,
+                        f"The invisible duration must be {MIN_INVISIBLE}..{MAX_INVISIBLE} s.",
+                    )
+            batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
+            wait = 0.0
+            if request.HasField("long_polling_timeout"):
+                wait = min(
+                    duration_seconds(request.long_polling_timeout),
+                    settings.TXHUB_GRPC_LONG_POLL_MAX,
+                )
+            remaining = context.time_remaining()
+            if remaining is not None:  # answer before the client's own deadline
+                wait = max(0.0, min(wait, remaining - 1.0))
+            seconds = int(invisible)
+
+            def fetch() -> list[consuming.Received]:
+                return consuming.message_receive(
+                    group=group,
+                    topic=topic,
+                    max_messages=batch,
+                    invisible_seconds=seconds,
+                    tags=tags,
+                )
+
+            received = await wait_for(fetch, seconds=wait)
+        except Refusal as refused:
+            yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
+            return
+        except BrokerError as error:
+            mapped = refusal_of(error)
+            yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
+            return
+        except Exception:
+            log.exception("gRPC ReceiveMessage failed")
+            yield rpc.ReceiveMessageResponse(status=status(Code.INTERNAL_ERROR, "Internal error."))
+            return
+        if not received:
+            yield rpc.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "No new message.")
+            )
+            return
+        yield rpc.ReceiveMessageResponse(status=status())
+        for item in received:
+            message = message_of(
+                item.message,
+                topic=topic.name,
+                receipt_handle=item.receipt_handle,
+                delivery_attempt=item.delivery.attempts,
+                invisible_seconds=seconds,
+                message_type=pb.TRANSACTION if item.message.transaction_id else pb.NORMAL,
+            )
+            yield rpc.ReceiveMessageResponse(message=message)
+        yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
+
+    @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        caller = await authenticate(context)
+        group = await db(consumer_group_of, caller, request.group.name)
+        if not 1 <= len(request.entries) <= 1000:
+            raise Refusal(Code.BAD_REQUEST, "Ack 1 to 1000 messages per request.")
+        handles = [entry.receipt_handle for entry in request.entries]
+        acked, _ = await db(consuming.message_ack, group=group, receipt_handles=handles)
+        done = set(acked)
+        entries = []
+        for entry in request.entries:
+            ok = entry.receipt_handle in done
+            entries.append(
+                rpc.AckMessageResultEntry(
+                    message_id=entry.message_id,
+                    receipt_handle=entry.receipt_handle,
+                    status=status()
+                    if ok
+                    else status(
+                        Code.INVALID_RECEIPT_HANDLE, "The receipt handle is expired or unknown."
+                    ),
+                )
+            )
+        codes = {entry.status.code for entry in entries}
+        overall = (
+            entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "See entries.")
+        )
+        return rpc.AckMessageResponse(status=overall, entries=entries)
+
+    @unary(rpc.ChangeInvisibleDurationResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        """Also a PushConsumer's nack: the client asks for its backoff's next delay."""
+        caller = await authenticate(context)
+        group = await db(consumer_group_of, caller, request.group.name)
+        seconds = duration_seconds(request.invisible_duration)
+        if not 0 <= seconds <= MAX_INVISIBLE:
+            raise Refusal(
+                Code.ILLEGAL_INVISIBLE_TIME, f"The invisible duration must be 0..{MAX_INVISIBLE} s."
+            )
+        try:
+            received = await db(
+                consuming.message_change_invisible,
+                group=group,
+                receipt_handle=request.receipt_handle,
+                invisible_seconds=max(MIN_RETRY_DELAY, round(seconds)),
+            )
+        except BrokerError as error:
+            raise Refusal(Code.INVALID_RECEIPT_HANDLE, error.message) from None
+        return rpc.ChangeInvisibleDurationResponse(
+            status=status(), receipt_handle=received.receipt_handle
+        )
+
+    @unary(rpc.ForwardMessageToDeadLetterQueueResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        """The client gives up on a message it holds (RocketMQ clients do so for FIFO groups):
+        into the group's dead-letter queue now, the one REST and the console list and resend."""
+        caller = await authenticate(context)
+        if request.HasField("lite_topic") and request.lite_topic:
+            raise Refusal(Code.UNSUPPORTED, "Lite topics are not supported.")
+        group, topic = await db(consumed_topic_of, caller, request.group.name, request.topic.name)
+        try:
+            await db(
+                consuming.message_dead_letter,
+                group=group,
+                topic=topic,
+                receipt_handle=request.receipt_handle,
+            )
+        except BrokerError as error:
+            raise Refusal(Code.INVALID_RECEIPT_HANDLE, error.message) from None
+        return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
+
+
+def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:
+    group = consumer_group_of(caller, request.group.name)
+    expression = request.filter_expression
+    if expression.type == pb.SQL:
+        raise Refusal(Code.UNSUPPORTED, "SQL92 filters are not supported: use tags.")
+    try:
+        tags = limits.parse_tag_expression(limits.check_text(expression.expression or "*"))
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
+    topic_name = request.message_queue.topic.name
+    selectors.topic_allowed(kind="consume", group=group.name, topic=topic_name)
+    return group, topic_of(topic_name), tags

@@ -1,0 +1,76 @@
+"""What every RPC checks first: the signed caller, and the topic or consumer group it names, in
+the protocol's codes (shared by the producer and consumer RPCs)."""
+
+from typing import Any
+
+from django.conf import settings
+
+from apps.broker import limits, selectors
+from apps.broker.api import throttling
+from apps.broker.grpc.auth import Caller, caller_of, metadata_of
+from apps.broker.grpc.calls import db
+from apps.broker.grpc.protocol import Code, Refusal, pb, refusal_of
+from apps.broker.services.errors import BrokerError
+
+
+async def authenticate(context: Any) -> Caller:
+    """The signed caller, counted against its token's rate limit (every RPC and every stream
+    opened counts once, as every REST request does)."""
+    return await db(_counted_caller, metadata_of(context))
+
+
+def _counted_caller(metadata: dict[str, str]) -> Caller:
+    caller = caller_of(metadata)
+    # The REST door's budget and counter (one per token, in the shared cache): not a second limit.
+    wait = throttling.token_call_throttled(caller.principal.token_id)
+    if wait is not None:
+        raise Refusal(
+            Code.TOO_MANY_REQUESTS,
+            f"Rate limit exceeded ({settings.TXHUB_THROTTLE_RATE} per token): "
+            f"retry in {int(wait)} s.",
+        )
+    return caller
+
+
+def topic_of(name: str) -> Any:
+    try:
+        limits.check_name(name, what="The topic")
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_TOPIC, str(error)) from None
+    try:
+        return selectors.topic_get(name=name)
+    except BrokerError as error:
+        raise refusal_of(error, not_found=Code.TOPIC_NOT_FOUND) from None
+
+
+def consumer_group_of(caller: Caller, name: str) -> Any:
+    try:
+        limits.check_name(name, what="The consumer group")
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_CONSUMER_GROUP, str(error)) from None
+    caller.require("consume", name)
+    try:
+        return selectors.consumer_group_get(name=name)
+    except BrokerError as error:
+        raise refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND) from None
+
+
+def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple[Any, Any]:
+    """The consumer group and the topic it reads, with the group's topic binding checked."""
+    group = consumer_group_of(caller, group_name)
+    selectors.topic_allowed(kind="consume", group=group.name, topic=topic_name)
+    return group, topic_of(topic_name)
+
+
+# Every message type is accepted on every queue: FIFO too, so that the server, not the client,
+# answers UNSUPPORTED with a sentence (docs/decisions/0021).
+ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+
+
+def broker_of(endpoints: Any) -> Any:
+    """txhub as one broker: the access point the client dialled (every gRPC process serves every
+    queue), or the configured one if the client named none."""
+    if not endpoints.addresses:
+        address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
+        endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[address])
+    return pb.Broker(name="txhub", id=0, endpoints=endpoints)

@@ -1,0 +1,188 @@
+"""gRPC door vs REST: messages/s sent and consumed end to end, same workload through each door.
+
+Through gRPC with the official RocketMQ Python client (rocketmq-python-client, pinned): N
+threads, each with its own Producer, `send` a normal message per round trip for `--seconds`; two
+SimpleConsumers `receive` (32, waiting up to 1 s) and `ack` each message (the client acks one by
+one). Through REST with plain HTTP: N threads `POST /topics/{t}/messages`; two consumers receive
+32 and ack them in one request. messages/s = messages / time to the last ack. Runs against a
+running `make run` (web on --url, gRPC on --grpc); `make bench` calls it and prints its lines.
+
+    .venv/bin/python bench/grpc_send.py --url http://127.0.0.1:8000 --grpc 127.0.0.1:8081
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from http_client import Client  # noqa: E402
+
+BODY = b"bench message body"
+
+
+def setup(name: str) -> tuple[str, dict[str, str]]:
+    """Topic, groups and one token (one produce scope: a RocketMQ producer's group) with keys."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
+    import django
+
+    django.setup()
+    from apps.broker.services import credentials, registry
+
+    registry.topic_create(name=name, queues=4)
+    registry.producer_group_create(name=name)
+    registry.consumer_group_create(name=name, max_delivery_attempts=16, consume_from="first")
+    token, raw = registry.token_create(
+        name="bench-grpc", scopes=[f"produce:{name}", f"consume:{name}"]
+    )
+    return raw, credentials.of(token)
+
+
+def run(
+    producers: int,
+    seconds: float,
+    make_producer: Callable[[], Any],
+    make_consumer: Callable[[], Any],
+) -> float:
+    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close())."""
+    produced = received = 0
+    lock = threading.Lock()
+    stop, done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    last = [0.0]
+    ready = threading.Barrier(producers + 2 + 1)
+
+    def produce() -> None:
+        nonlocal produced
+        send, close = make_producer()
+        try:
+            ready.wait()
+            while not stop.is_set():
+                send()
+                with lock:
+                    produced += 1
+        except BaseException as error:  # reported after the run, never swallowed
+            errors.append(error)
+        finally:
+            close()
+
+    def consume() -> None:
+        nonlocal received
+        take, close = make_consumer()
+        try:
+            ready.wait()
+            while True:
+                with lock:
+                    if done.is_set() and received >= produced:
+                        return
+                n = take()
+                if n:
+                    with lock:
+                        received += n
+                        last[0] = time.perf_counter()
+                elif errors:
+                    return
+        except BaseException as error:
+            errors.append(error)
+        finally:
+            close()
+
+    threads = [threading.Thread(target=produce) for _ in range(producers)]
+    threads += [threading.Thread(target=consume) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    ready.wait()  # client start-up (routes, settings) is not counted
+    started = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads[:producers]:
+        thread.join()
+    done.set()
+    for thread in threads[producers:]:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"load failed: {errors[0]!r}") from errors[0]
+    return produced / (max(last[0], started + seconds) - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TXHUB_PORT', '8000')}")
+    parser.add_argument("--grpc", default=f"127.0.0.1:{os.environ.get('TXHUB_GRPC_PORT', '8081')}")
+    parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=6)
+    args = parser.parse_args()
+    from rocketmq import (
+        ClientConfiguration,
+        Credentials,
+        FilterExpression,
+        Message,
+        Producer,
+        SimpleConsumer,
+    )
+
+    name = f"bench-grpc-{int(time.time())}"
+    token, keys = setup(name)
+    config = ClientConfiguration(args.grpc, Credentials(keys["access_key"], keys["secret_key"]))
+
+    def grpc_producer() -> Any:
+        producer = Producer(config, (name,))
+        producer.startup()
+        message = Message()
+        message.topic = name
+        message.body = BODY
+        return (lambda: producer.send(message)), producer.shutdown
+
+    def grpc_consumer() -> Any:
+        consumer = SimpleConsumer(config, name, {name: FilterExpression("*")}, 1)
+        consumer.startup()
+
+        def take() -> int:
+            batch = consumer.receive(32, 30) or []
+            for item in batch:
+                consumer.ack(item)
+            return len(batch)
+
+        return take, consumer.shutdown
+
+    base = f"{args.url}/api/v1"
+
+    def rest_producer() -> Any:
+        client = Client(base, token)
+        payload = {"producer_group": name, "body": BODY.decode()}
+        return (lambda: client.post(f"/topics/{name}-rest/messages", payload)), lambda: None
+
+    def rest_consumer() -> Any:
+        client = Client(base, token)
+        receive = {"topic": f"{name}-rest", "max_messages": 32, "wait_seconds": 1}
+
+        def take() -> int:
+            batch = client.post(f"/consumer-groups/{name}/receive", receive)["messages"]
+            if batch:
+                handles = [m["receipt_handle"] for m in batch]
+                client.post(f"/consumer-groups/{name}/ack", {"receipt_handles": handles})
+            return len(batch)
+
+        return take, lambda: None
+
+    from apps.broker.services import registry
+
+    registry.topic_create(name=f"{name}-rest", queues=4)  # same shape, its own offsets
+    grpc_rate = run(args.producers, args.seconds, grpc_producer, grpc_consumer)
+    rest_rate = run(args.producers, args.seconds, rest_producer, rest_consumer)
+    print(
+        f"gRPC door, send + receive + ack, {args.producers} producers, {args.seconds:g} s: "
+        f"{grpc_rate:8.1f} messages/s (official Python client) vs REST {rest_rate:8.1f} "
+        f"messages/s ({100 * grpc_rate / rest_rate:.0f} %)"
+    )
+
+
+if __name__ == "__main__":
+    main()

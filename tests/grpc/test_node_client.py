@@ -1,0 +1,141 @@
+"""The official RocketMQ Node.js client (rocketmq-client-nodejs 1.0.8, pinned with its lock file in
+tests/grpc/node/) against the real gRPC server, real Postgres and real Celery."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.broker.models import CommitLogEntry, Delivery, GrpcClient, HalfMessage, OpRecord
+from tests.conftest import client_for
+from tests.e2e.conftest import wait_until
+from tests.grpc.conftest import GrpcServer, Setup
+
+pytestmark = pytest.mark.e2e
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+@pytest.fixture(scope="module")
+def node_client() -> Path:
+    """The pinned client, installed from package-lock.json the first time (npm ci)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    assert node, "node (20 or later) is needed for the Node.js client's tests"
+    assert npm, "npm is needed to install the Node.js client"
+    if not (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir():
+        subprocess.run(  # noqa: S603 - fixed arguments
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=NODE_DIR,
+            check=True,
+            timeout=300,
+        )
+    return Path(node)
+
+
+def run_node(
+    node: Path, command: str, server: GrpcServer, setup: Setup, **extra: Any
+) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "TXHUB_ENDPOINT": server.endpoint,
+        "TXHUB_ACCESS_KEY": setup.access_key,
+        "TXHUB_SECRET_KEY": setup.secret_key,
+        "TXHUB_TOPIC": setup.topic,
+        "TXHUB_GROUP": setup.consumer,
+        "TXHUB_SCENARIO_TIMEOUT_MS": "60000",
+        **{f"TXHUB_{key.upper()}": str(value) for key, value in extra.items()},
+    }
+    done = subprocess.run(  # noqa: S603 - fixed arguments
+        [str(node), "scenario.js", command],
+        cwd=NODE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, f"node {command} failed:\n{done.stderr[-4000:]}"
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_node_producer_sends_commits_is_checked_back_and_simple_consumer_acks(
+    grpc_server: GrpcServer, celery_module: Any, rocketmq_setup: Any, node_client: Path
+) -> None:
+    """Celery: the delay scan delivers the delayed message; check-back reaches the producer's
+    Telemetry stream and its transactionChecker's answer settles the open transaction."""
+    setup = rocketmq_setup("-node")
+    sent = run_node(node_client, "produce", grpc_server, setup)
+
+    assert CommitLogEntry.objects.filter(msg_id=sent["normal"]).count() == 1
+    committed = HalfMessage.objects.get(msg_id=sent["committed"])
+    assert (committed.state, committed.resolved_by) == ("COMMITTED", "PRODUCER")
+    checked = HalfMessage.objects.get(msg_id=sent["checked"])
+    assert (checked.state, checked.resolved_by) == ("COMMITTED", "CHECK_BACK")
+    assert sent["checker_saw"].count(sent["checked"]) >= 1
+    assert sent["committed"] not in sent["checker_saw"]  # never checked once resolved
+    checks = list(OpRecord.objects.filter(half=checked, op="CHECK").order_by("id"))
+    assert checks[0].detail["via"] == "telemetry"
+    assert (checks[-1].detail["answer"], checks[-1].detail["applied"]) == ("COMMIT", True)
+    producer = GrpcClient.objects.get(client_id=checks[0].detail["client_id"])
+    assert (producer.client_type, producer.group) == ("PRODUCER", setup.producer)
+
+    got = run_node(node_client, "simple", grpc_server, setup, expect=4)["received"]
+    by_id = {item["id"]: item for item in got}
+    assert sorted(by_id) == sorted(
+        [sent["normal"], sent["delayed"], sent["committed"], sent["checked"]]
+    )
+    normal = by_id[sent["normal"]]
+    assert (normal["body"], normal["tag"], normal["keys"], normal["properties"]) == (
+        "node normal",
+        "TagN",
+        ["node-key"],
+        {"from": "node"},
+    )
+    delayed = CommitLogEntry.objects.get(msg_id=sent["delayed"])
+    assert delayed.stored_at.timestamp() * 1000 >= sent["delayed_due_ms"] - 1000
+    assert all(d.state == "ACKED" for d in Delivery.objects.filter(group__name=setup.consumer))
+
+
+def test_node_push_consumer_retries_a_failure_then_dead_letters_it(
+    grpc_server: GrpcServer, rocketmq_setup: Any, node_client: Path
+) -> None:
+    setup = rocketmq_setup("-nodepush", max_delivery_attempts=2)
+    rest: APIClient = client_for(f"produce:{setup.producer}", f"consume:{setup.consumer}")
+    ids = {}
+    for body in ("fine", "poison pill"):
+        sent = rest.post(
+            f"/api/v1/topics/{setup.topic}/messages",
+            {"producer_group": setup.producer, "body": body},
+            format="json",
+        )
+        assert sent.status_code == 201, sent.content
+        ids[body] = sent.json()["msg_id"]
+
+    seen = run_node(node_client, "push", grpc_server, setup, expect=1, poison_deliveries=2)["seen"]
+    assert seen[ids["fine"]] == [1]
+    assert seen[ids["poison pill"]] == [1, 2]
+
+    def dead_lettered() -> list[Any]:
+        answer = rest.get(f"/api/v1/consumer-groups/{setup.consumer}/dlq")
+        assert answer.status_code == 200, answer.content
+        return list(answer.json()["results"])
+
+    # The second nack's delay runs out after the consumer left: the expiry scan or the next
+    # receive moves it (no Celery in this test: a REST receive does).
+    def receive_then_list() -> list[Any]:
+        rest.post(
+            f"/api/v1/consumer-groups/{setup.consumer}/receive",
+            {"topic": setup.topic},
+            format="json",
+        )
+        return dead_lettered()
+
+    [entry] = wait_until(receive_then_list, timeout=30, interval=0.5)
+    assert (entry["msg_id"], entry["attempts"]) == (ids["poison pill"], 2)
+    assert Delivery.objects.get(message__msg_id=ids["fine"]).state == "ACKED"

@@ -27,6 +27,7 @@ from apps.broker.models import (
 )
 from apps.broker.services import scans
 from apps.broker.services.errors import NotFound, invalid
+from apps.broker.services.sending import notify_receivable
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,28 @@ def message_receive(
         if received or remaining <= 0:
             return received
         time.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """A receive that found nothing and may wait (ASGI web tier: apps/broker/api/long_poll.py).
+    `seen` is the number of wake-ups for the topic this process had seen before the first try:
+    one that arrived since then may announce what the first try missed."""
+
+    group: ConsumerGroup
+    topic: Topic
+    max_messages: int
+    invisible_seconds: int
+    wait_seconds: int
+    tags: frozenset[str] | None
+    seen: int
+
+
+def receive_once(plan: WaitPlan) -> list[Received]:
+    """One more try of a waiting receive (woken, or its fallback check found something)."""
+    return _receive_once(
+        plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
+    )
 
 
 @transaction.atomic
@@ -278,6 +301,7 @@ def message_change_invisible(
     return Received(delivery, delivery.message)
 
 
+@transaction.atomic
 def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
     """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
     now = timezone.now()
@@ -292,4 +316,7 @@ def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
     )
     if not updated:
         raise NotFound(f"Message {msg_id} is not in the dead-letter queue of {group.name}.")
-    return Delivery.objects.get(group=group, message__msg_id=msg_id)
+    delivery = Delivery.objects.get(group=group, message__msg_id=msg_id)
+    # Receivable now: a consumer of the group waiting on the topic is woken at our commit.
+    notify_receivable(topic_id=delivery.topic_id, what=f"resend {msg_id}")
+    return delivery

@@ -313,6 +313,8 @@ TXHUB_LONG_POLL_FALLBACK = env_float("TXHUB_LONG_POLL_FALLBACK", 1.0)
 # Threads per ASGI web process that run Django's sync code (views, middleware, the ORM), one
 # request at a time each; a request only gets one once its whole body has arrived.
 TXHUB_WEB_THREADS = env_int("TXHUB_WEB_THREADS", 16)
+# ... and receives, in threads of their own: consumers arriving all at once queue among themselves.
+TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
 
 # Check-back (CONTRACT section 4), in seconds; RocketMQ's names in the comments.
 TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut

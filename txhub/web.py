@@ -13,6 +13,7 @@ threads runs Django.
 
 import asyncio
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +34,9 @@ from apps.broker.api.errors import error_body
 logger = logging.getLogger(__name__)
 
 
+_RECEIVE = re.compile(r"/api/v1/consumer-groups/[^/]+/receive")
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -43,6 +47,11 @@ class TxhubASGIHandler(ASGIHandler):
         self.load_middleware(is_async=False)
         self.executor = ThreadPoolExecutor(
             max_workers=settings.TXHUB_WEB_THREADS, thread_name_prefix="txhub-web"
+        )
+        # Receives run in threads of their own: a storm of consumers (500 reconnecting at once,
+        # each making its first try) queues behind itself, never in front of a producer's send.
+        self.receive_executor = ThreadPoolExecutor(
+            max_workers=settings.TXHUB_WEB_RECEIVE_THREADS, thread_name_prefix="txhub-receive"
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -56,7 +65,13 @@ class TxhubASGIHandler(ASGIHandler):
     async def in_thread(self, function: Any) -> Any:
         return await sync_to_async(function, thread_sensitive=False, executor=self.executor)()
 
+    async def in_receive_thread(self, function: Any) -> Any:
+        return await sync_to_async(
+            function, thread_sensitive=False, executor=self.receive_executor
+        )()
+
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        arrived = asyncio.get_running_loop().time()  # a long poll's wait counts from here
         try:
             body_file = await self.read_body_bounded(scope, receive)
         except RequestAborted:
@@ -72,10 +87,11 @@ class TxhubASGIHandler(ASGIHandler):
                 response = error_response
             else:
                 request.META[long_poll.WAIT_OUTSIDE] = True
-                response = await self.in_thread(lambda: self._respond(request))
+                run = self.in_receive_thread if _RECEIVE.fullmatch(request.path) else self.in_thread
+                response = await run(lambda: self._respond(request))
                 plan = long_poll.plan_of(response)
                 if plan is not None:
-                    response = await self._wait(plan, response, receive)
+                    response = await self._wait(plan, response, receive, arrived, run)
                     if response is None:
                         return  # the client left while waiting
             try:
@@ -96,9 +112,11 @@ class TxhubASGIHandler(ASGIHandler):
         finally:
             connections.close_all()
 
-    async def _wait(self, plan: Any, response: HttpResponse, receive: Any) -> HttpResponse | None:
+    async def _wait(
+        self, plan: Any, response: HttpResponse, receive: Any, arrived: float, run: Any
+    ) -> HttpResponse | None:
         """The long poll, given up as soon as the client disconnects."""
-        waiting = asyncio.ensure_future(long_poll.wait(plan, response, self.in_thread))
+        waiting = asyncio.ensure_future(long_poll.wait(plan, response, run, arrived))
         leaving = asyncio.ensure_future(self.listen_for_disconnect(receive))
         try:
             await asyncio.wait([waiting, leaving], return_when=asyncio.FIRST_COMPLETED)
@@ -133,6 +151,7 @@ class TxhubASGIHandler(ASGIHandler):
             elif message["type"] == "lifespan.shutdown":
                 await wakeups.hub().stop()
                 self.executor.shutdown(wait=False)
+                self.receive_executor.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

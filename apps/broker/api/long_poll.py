@@ -72,12 +72,16 @@ def _try_again(plan: consuming.WaitPlan) -> tuple[int, bytes]:
 
 
 async def wait(
-    plan: consuming.WaitPlan, response: HttpResponse, run_in_thread: RunInThread[Any]
+    plan: consuming.WaitPlan,
+    response: HttpResponse,
+    run_in_thread: RunInThread[Any],
+    arrived: float,
 ) -> HttpResponse:
-    """Waits for the plan's messages until its wait time is over; returns the answer to send
-    (`response`, still `{"messages": []}`, if nothing came)."""
+    """Waits for the plan's messages until its wait time, counted from the request's arrival
+    (`arrived`, loop time), is over; returns the answer to send (`response`, still
+    `{"messages": []}`, if nothing came)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + plan.wait_seconds
+    deadline = arrived + plan.wait_seconds
     hub = wakeups.hub()
     waiter = hub.register(plan.topic.pk, plan.group.pk)
     try:

@@ -316,7 +316,7 @@ def test_300_trickling_requests_do_not_stop_a_normal_request(web: Any) -> None:
                 for i in range(20)
             ]
             assert [status for status, _, _ in answers] == [201] * 20
-            return max(seconds for _, _, seconds in answers)
+            return float(max(seconds for _, _, seconds in answers))
         finally:
             for writer in held:
                 writer.close()

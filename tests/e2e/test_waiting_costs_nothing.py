@@ -138,7 +138,7 @@ def test_500_waiting_consumers_hold_no_thread_and_no_connection(web: Any) -> Non
     path = "/api/v1/consumer-groups/billing/receive"
     wait = 5
     latencies: list[float] = []
-    peak = [0]
+    samples: list[int] = []
 
     def produce() -> None:
         # While the 500 arrive and wait: their first tries run in the receive threads of each web
@@ -149,7 +149,7 @@ def test_500_waiting_consumers_hold_no_thread_and_no_connection(web: Any) -> Non
     def watch(stop: threading.Event) -> None:
         try:
             while not stop.is_set():
-                peak[0] = max(peak[0], server_connections())
+                samples.append(server_connections())
                 time.sleep(0.1)
         finally:
             connection.close()  # this thread's own
@@ -182,7 +182,11 @@ def test_500_waiting_consumers_hold_no_thread_and_no_connection(web: Any) -> Non
     p99 = statistics.quantiles(latencies, n=100)[98]
     assert p99 < 1.0, f"send p99 {p99:.3f} s with 500 consumers waiting"
     # At most the pool of each web process plus its LISTEN connection, whatever the waiters.
-    assert 0 < peak[0] <= WORKERS * (POOL_SIZE + 1), peak[0]
+    # Over two samples 0.1 s apart: a backend whose client just closed is listed until it has
+    # exited, while a pool replaces it (seen once in many runs); more waiters holding connections
+    # would stay.
+    held = max(min(a, b) for a, b in zip(samples, samples[1:], strict=False))
+    assert 0 < held <= WORKERS * (POOL_SIZE + 1), samples
 
 
 def wait_in_thread(port: int, headers: dict[str, str], seconds: int) -> tuple[list[Any], Any]:

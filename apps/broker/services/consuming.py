@@ -106,26 +106,39 @@ def _receive_once(
     invisible_seconds: int,
     tags: frozenset[str] | None,
 ) -> list[Received]:
-    now = timezone.now()
-    _ensure_cursors(group, topic)
     # Nothing there (the common answer to a consumer that polls): said by one read, without the
     # row locks below, whose commit is a WAL flush (~10 ms here) per empty receive.
-    if not _anything_receivable(group, topic, now):
+    if not _anything_receivable(group, topic, timezone.now()):
         return []
-    with transaction.atomic():
-        invisible_until = now + timedelta(seconds=invisible_seconds)
-        received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
-        if len(received) < max_messages:
-            received += _take_new(
-                group, topic, max_messages - len(received), invisible_until, tags, now
-            )
-        return received
+    return _receive_locked(group, topic, max_messages, invisible_seconds, tags)
 
 
-# A queue beyond the group's cursor, or an in-flight message whose invisible time is over (which
-# also covers exhausted ones that the full receive moves to the dead-letter queue).
+@transaction.atomic
+def _receive_locked(
+    group: ConsumerGroup,
+    topic: Topic,
+    max_messages: int,
+    invisible_seconds: int,
+    tags: frozenset[str] | None,
+) -> list[Received]:
+    now = timezone.now()
+    invisible_until = now + timedelta(seconds=invisible_seconds)
+    received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
+    if len(received) < max_messages:
+        received += _take_new(
+            group, topic, max_messages - len(received), invisible_until, tags, now
+        )
+    return received
+
+
+# The group's first receive from the topic (its cursors are made under the lock path), a queue
+# beyond the group's cursor, or an in-flight message whose invisible time is over (which also
+# covers exhausted ones that the full receive moves to the dead-letter queue).
 _RECEIVABLE_SQL = """
-SELECT EXISTS (
+SELECT (
+    SELECT count(*) FROM broker_consumercursor
+    WHERE group_id = %(group)s AND topic_id = %(topic)s
+) <> %(queues)s OR EXISTS (
     SELECT 1 FROM broker_consumercursor c
     JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
     WHERE c.group_id = %(group)s AND c.topic_id = %(topic)s AND q.next_offset > c.next_offset
@@ -139,7 +152,10 @@ SELECT EXISTS (
 
 def _anything_receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(_RECEIVABLE_SQL, {"group": group.pk, "topic": topic.pk, "now": now})
+        cursor.execute(
+            _RECEIVABLE_SQL,
+            {"group": group.pk, "topic": topic.pk, "queues": topic.queues, "now": now},
+        )
         row = cursor.fetchone()
     return bool(row and row[0])
 
@@ -180,6 +196,7 @@ def _take_new(
     tags: frozenset[str] | None,
     now: datetime,
 ) -> list[Received]:
+    _ensure_cursors(group, topic)
     # Lock, SKIP LOCKED: two consumers of one group must not take the same offsets from a queue;
     # a consumer that finds a queue busy reads the other queues instead of waiting.
     cursors = list(

@@ -129,13 +129,17 @@ def idle_cost(
 
 
 def main() -> None:
-    global client_base, token
+    global client_base, token, WAIT
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TXHUB_PORT', '8000')}")
     parser.add_argument("--consumers", type=int, default=500)
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--window", type=float, default=5)
+    # With 5 s each consumer asks again every 5 s, so the window holds one wave of 500 new
+    # receives; with 20 (the most a receive may wait) it holds none: the cost of waiting alone.
+    parser.add_argument("--wait", type=int, default=WAIT, help="wait_seconds of each receive")
     args = parser.parse_args()
+    WAIT = args.wait
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
     import django
 
@@ -171,7 +175,7 @@ def main() -> None:
     )
     idle = idle_cost(args.url, name, args.consumers, args.window, data_dir)
     print(
-        f"idle, {args.consumers} waiting consumers: "
+        f"idle, {args.consumers} waiting consumers (wait_seconds {WAIT}): "
         f"{idle['queries_per_s']:.0f} Postgres queries/s, "
         f"web CPU {idle['web_cpu_percent']:.0f} % of a core, Postgres CPU "
         f"{idle['postgres_cpu_percent']:.0f} %; {idle['in_time']}/{idle['asked']} waits answered "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make run`: after scripts/services.sh up, makes sure a console superuser exists, then runs
-# gunicorn, a Celery worker and Celery beat in the foreground. Ctrl-C or SIGTERM stops them all,
+# gunicorn (uvicorn workers), a Celery worker and Celery beat in the foreground. Ctrl-C or SIGTERM stops them all,
 # and the Postgres and Redis this run started.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,8 +28,10 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-"$BIN/gunicorn" txhub.wsgi:application --bind "127.0.0.1:$PORT" \
-  --worker-class gthread --workers "${TXHUB_WEB_WORKERS:-2}" --threads "${TXHUB_WEB_THREADS:-16}" \
+# ASGI (docs/decisions/0021): each worker process reads requests on an event loop and runs Django
+# in TXHUB_WEB_THREADS threads (settings); long polls wait on the loop, holding no thread.
+"$BIN/gunicorn" txhub.asgi:application --bind "127.0.0.1:$PORT" \
+  --worker-class uvicorn_worker.UvicornWorker --workers "${TXHUB_WEB_WORKERS:-2}" \
   --access-logfile "${TXHUB_ACCESS_LOG:--}" --graceful-timeout 10 &
 pids+=($!)
 # The RocketMQ 5 gRPC door (apps/broker/grpc): TXHUB_GRPC_PROCESSES processes share the port

@@ -107,6 +107,22 @@ class Server:
         return {"Authorization": f"Bearer {raw}"}
 
 
+def web_command(port: int, *, workers: int, graceful_timeout: int = 30) -> list[str]:
+    """The web server command line of scripts/run.sh (docs/decisions/0021)."""
+    return [
+        str(BIN / "gunicorn"),
+        "txhub.asgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--worker-class",
+        "uvicorn_worker.UvicornWorker",
+        "--workers",
+        str(workers),
+        "--graceful-timeout",
+        str(graceful_timeout),
+    ]
+
+
 def start_gunicorn(
     port: int,
     *,
@@ -115,21 +131,16 @@ def start_gunicorn(
     log: Any = None,
     extra_env: dict[str, str] | None = None,
 ) -> Any:
-    """A real gunicorn on the test database, in its own process group; returns once it answers."""
-    env = {**os.environ, "DATABASE_URL": db_url_for_tests(), **(extra_env or {})}
+    """A real gunicorn on the test database, started as scripts/run.sh starts it (ASGI: uvicorn
+    workers, `threads` Django threads each), in its own process group; returns once it answers."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url_for_tests(),
+        "TXHUB_WEB_THREADS": str(threads),
+        **(extra_env or {}),
+    }
     process = subprocess.Popen(
-        [
-            str(BIN / "gunicorn"),
-            "txhub.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--worker-class",
-            "gthread",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-        ],
+        web_command(port, workers=workers),
         cwd=ROOT,
         env=env,
         stdout=log or subprocess.DEVNULL,

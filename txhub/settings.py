@@ -139,10 +139,15 @@ TEMPLATES = [
 TXHUB_PG_PORT = env_int("TXHUB_PG_PORT", 54329)
 TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 
-# Persistent connections, checked at the start of each request or task: after a Postgres restart
-# each thread reconnects on its next request and none fails (docs/decisions/0003). psycopg's pool
-# stays available (TXHUB_DB_POOL=1) for deployments that want a hard cap on connections.
-DB_POOL = env_bool("TXHUB_DB_POOL", False)
+# psycopg's pool, bounded (docs/decisions/0021, superseding 0003): under ASGI a request's sync code
+# runs on whichever thread of the web process's pool is free, so per-thread persistent connections
+# would be one per thread ever used. Every process (web, Celery, manage.py) takes a connection from
+# its pool for one request or task and gives it back at the end (CONN_MAX_AGE=0, as Django asks
+# with a pool). A web process holds at most TXHUB_DB_POOL_SIZE connections plus its one LISTEN
+# connection, whatever the number of clients waiting in long polls. Checked on checkout
+# (CONN_HEALTH_CHECKS): a connection that died with a Postgres restart is replaced, not used.
+# TXHUB_DB_POOL=0 goes back to per-thread persistent connections (gthread only).
+DB_POOL = env_bool("TXHUB_DB_POOL", True)
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
@@ -153,11 +158,16 @@ DATABASES = {
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
+TXHUB_DB_POOL_SIZE = env_int("TXHUB_DB_POOL_SIZE", 10)
 if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": env_int("TXHUB_DB_POOL_MIN", 2),
-        "max_size": env_int("TXHUB_DB_POOL_MAX", 20),
-        "timeout": 10,
+        "min_size": min(env_int("TXHUB_DB_POOL_MIN", 1), TXHUB_DB_POOL_SIZE),
+        "max_size": TXHUB_DB_POOL_SIZE,
+        # A request waits this long for a free connection before it answers 503.
+        "timeout": env_float("TXHUB_DB_POOL_TIMEOUT", 10),
+        # Failed reconnects back off 1, 2, 4 ... s; give up (and start again from 0 s on the next
+        # checkout) after this, so a Postgres that is back is used at once (decision 0021).
+        "reconnect_timeout": env_float("TXHUB_DB_POOL_RECONNECT_TIMEOUT", 2),
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -293,7 +303,18 @@ TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
 TXHUB_MAX_BATCH_BYTES = env_int("TXHUB_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 TXHUB_MAX_PROPERTIES = 128
 TXHUB_MAX_META_BYTES = 16 * 1024
+# Long polling (docs/decisions/0021). Under ASGI (make run) a waiting receive is woken by Postgres
+# NOTIFY; each web process also checks every TXHUB_LONG_POLL_FALLBACK seconds, with one query for
+# all its waiting consumers, whether something is receivable that no NOTIFY announced (a lost
+# wake-up, an invisible time that ran out). Under WSGI (gthread, the Django test client) a waiting
+# receive polls every TXHUB_LONG_POLL_INTERVAL seconds instead, holding its thread.
 TXHUB_LONG_POLL_INTERVAL = env_float("TXHUB_LONG_POLL_INTERVAL", 0.1)
+TXHUB_LONG_POLL_FALLBACK = env_float("TXHUB_LONG_POLL_FALLBACK", 1.0)
+# Threads per ASGI web process that run Django's sync code (views, middleware, the ORM), one
+# request at a time each; a request only gets one once its whole body has arrived.
+TXHUB_WEB_THREADS = env_int("TXHUB_WEB_THREADS", 16)
+# ... and receives, in threads of their own: consumers arriving all at once queue among themselves.
+TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
 
 # Check-back (CONTRACT section 4), in seconds; RocketMQ's names in the comments.
 TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut

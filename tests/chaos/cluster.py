@@ -189,17 +189,16 @@ class Cluster:
         )
 
     def web_start(self) -> None:
+        # As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0021).
         self.web = self._spawn(
             str(BIN / "gunicorn"),
-            "txhub.wsgi:application",
+            "txhub.asgi:application",
             "--bind",
             f"127.0.0.1:{self.web_port}",
             "--worker-class",
-            "gthread",
+            "uvicorn_worker.UvicornWorker",
             "--workers",
             str(self.web_workers),
-            "--threads",
-            "8",
             "--graceful-timeout",
             "5",
         )

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.broker import selectors
-from apps.broker.api import output
+from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
 from apps.broker.api.parsers import content_length
@@ -438,15 +438,32 @@ class ReceiveView(APIView):
         data = validated(inputs.ReceiveIn, request.data)
         group_row = consumer_group(request, group)
         selectors.topic_allowed(kind="consume", group=group, topic=data["topic"])
+        topic = selectors.topic_get(name=data["topic"])
+        # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
+        # here one try, and a plan for the rest. Under WSGI the service itself polls.
+        wait_outside = data["wait_seconds"] > 0 and long_poll.may_wait_outside(request)
+        seen = long_poll.seen(topic.pk) if wait_outside else 0
         received = consuming.message_receive(
             group=group_row,
-            topic=selectors.topic_get(name=data["topic"]),
+            topic=topic,
             max_messages=data["max_messages"],
             invisible_seconds=data["invisible_seconds"],
-            wait_seconds=data["wait_seconds"],
+            wait_seconds=0 if wait_outside else data["wait_seconds"],
             tags=data["tag_expression"],
         )
-        return Response({"messages": output.ReceivedOut(received, many=True).data})
+        response = Response({"messages": output.ReceivedOut(received, many=True).data})
+        if wait_outside and not received:
+            plan = consuming.WaitPlan(
+                group=group_row,
+                topic=topic,
+                max_messages=data["max_messages"],
+                invisible_seconds=data["invisible_seconds"],
+                wait_seconds=data["wait_seconds"],
+                tags=data["tag_expression"],
+                seen=seen,
+            )
+            long_poll.attach(response, plan)
+        return response
 
 
 class AckView(APIView):

@@ -64,14 +64,34 @@ def queue_for(*, topic: Topic, msg_id: str) -> int:
         return int(hashlib.sha256(msg_id.encode()).hexdigest()[:8], 16) % topic.queues
 
 
+# The channel every message that becomes receivable is announced on; waiting consumers are woken
+# from it (apps/broker/wakeups.py, docs/decisions/0021). The payload starts with the topic id.
+RECEIVABLE_CHANNEL = "txhub_receivable"
+
 # Hands out a queue's next offset. The UPDATE keeps the queue row locked until the caller's
 # transaction commits. Lock: without it two concurrent commits could make offset N+1 visible
 # before N, and a consumer that has read N+1 would skip N for ever (CONTRACT invariant 5).
+# Every message becomes receivable here (send, commit, delayed delivery), so this is also where
+# it is announced: the NOTIFY is part of the transaction, delivered to listeners when (and only
+# if) it commits, with no extra round trip. One payload per message ("topic queue offset"), so
+# Postgres does not fold them and the listener knows how many arrived.
 NEXT_QUEUE_OFFSET_SQL = (
     "UPDATE broker_messagequeue SET next_offset = next_offset + 1 "
     "WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s "
-    "RETURNING next_offset - 1 AS queue_offset"
+    "RETURNING next_offset - 1 AS queue_offset, "
+    "pg_notify('txhub_receivable', concat_ws(' ', topic_id, queue_id, next_offset - 1))"
 )
+assert RECEIVABLE_CHANNEL in NEXT_QUEUE_OFFSET_SQL  # noqa: S101 - one name, spelled twice
+
+
+def notify_receivable(*, topic_id: int, what: str) -> None:
+    """Announces, at the commit of the caller's transaction, that something on the topic became
+    receivable other than through a new offset (a dead letter sent back)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, concat_ws(' ', %s::bigint, %s::text))",
+            [RECEIVABLE_CHANNEL, topic_id, what],
+        )
 
 
 def next_queue_offset(*, topic_id: int, queue_id: int) -> int:

@@ -1,0 +1,117 @@
+"""The waiting part of a receive with `wait_seconds`, on the event loop (docs/decisions/0021).
+
+The ASGI handler (txhub/web.py) runs every request, receive included, through Django's normal sync
+stack in one worker thread: auth, scopes, throttle, validation, errors are the same code as for
+any request. When the handler marks the request (WAIT_OUTSIDE), ReceiveView tries once and, if
+nothing was there and the client may wait, answers `{"messages": []}` with a WaitPlan attached
+instead of sleeping in its thread. The handler then calls `wait()` here, which holds no thread and
+no database connection while it waits: it waits on the process's wake-up hub and, each time it is
+woken, tries again in a short sync section that gives its connection back to the pool at its end.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import connections
+from django.http import HttpResponse
+from rest_framework.renderers import JSONRenderer
+
+from apps.broker import wakeups
+from apps.broker.api import output
+from apps.broker.api.errors import error_body, exception_handler
+from apps.broker.services import consuming
+
+logger = logging.getLogger(__name__)
+
+# request.META key: set by the ASGI handler, which will do the waiting itself.
+WAIT_OUTSIDE = "txhub.wait_outside"
+_PLAN = "txhub_wait_plan"
+
+T = TypeVar("T")
+RunInThread = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+def may_wait_outside(request: Any) -> bool:
+    return bool(request.META.get(WAIT_OUTSIDE))
+
+
+def seen(topic_id: int) -> int:
+    return wakeups.hub().seen(topic_id)
+
+
+def attach(response: HttpResponse, plan: consuming.WaitPlan) -> None:
+    setattr(response, _PLAN, plan)
+
+
+def plan_of(response: HttpResponse) -> consuming.WaitPlan | None:
+    plan = getattr(response, _PLAN, None)
+    # Only the view's own 200: a middleware that replaced the answer (an error) ends the request.
+    return plan if response.status_code == 200 else None
+
+
+def _try_again(plan: consuming.WaitPlan) -> tuple[int, bytes]:
+    """A sync section: one receive; the answer rendered; the connection back to the pool."""
+    try:
+        received = consuming.receive_once(plan)
+        if not received:
+            return 200, b""
+        data = {"messages": output.ReceivedOut(received, many=True).data}
+        return 200, JSONRenderer().render(data)
+    except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
+        handled = exception_handler(error, {})
+        if handled is None:
+            logger.exception("receive failed while waiting")
+            body = error_body("internal_error", "Something went wrong on our side; it is logged.")
+            return 500, JSONRenderer().render(body)
+        return handled.status_code, JSONRenderer().render(handled.data)
+    finally:
+        connections.close_all()
+
+
+async def wait(
+    plan: consuming.WaitPlan,
+    response: HttpResponse,
+    run_in_thread: RunInThread[Any],
+    arrived: float,
+) -> HttpResponse:
+    """Waits for the plan's messages until its wait time, counted from the request's arrival
+    (`arrived`, loop time), is over; returns the answer to send (`response`, still
+    `{"messages": []}`, if nothing came)."""
+    loop = asyncio.get_running_loop()
+    deadline = arrived + plan.wait_seconds
+    hub = wakeups.hub()
+    waiter = hub.register(plan.topic.pk, plan.group.pk)
+    try:
+        if hub.seen(plan.topic.pk) != plan.seen:
+            waiter.event.set()  # a wake-up came between the first try and now
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return response
+            # While the hub cannot listen (Postgres away, reconnecting), poll at the fallback
+            # period on our own: a hub that never comes back must not turn waits into misses.
+            timeout = remaining if hub.listening else min(remaining, _fallback())
+            try:
+                await asyncio.wait_for(waiter.event.wait(), timeout)
+            except TimeoutError:
+                if hub.listening or loop.time() >= deadline:
+                    continue
+            waiter.event.clear()
+            status, body = await run_in_thread(lambda: _try_again(plan))
+            if status != 200:
+                return HttpResponse(body, status=status, content_type="application/json")
+            if body:
+                response.content = body
+                if response.has_header("Content-Length"):
+                    response["Content-Length"] = str(len(body))
+                return response
+            hub.requeue(waiter)
+    finally:
+        hub.unregister(waiter)
+
+
+def _fallback() -> float:
+    return float(settings.TXHUB_LONG_POLL_FALLBACK)

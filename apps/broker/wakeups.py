@@ -1,0 +1,206 @@
+"""Wake-ups for waiting consumers, one hub per ASGI web process (docs/decisions/0021).
+
+A message becomes receivable in one place (sending.next_queue_offset: send, commit, delayed
+delivery) plus a dead letter sent back (consuming.dlq_resend); both NOTIFY `txhub_receivable` in
+their transaction, so Postgres delivers the notification when, and only if, it commits, to every
+process that listens: wake-ups cross processes.
+
+Each web process keeps one LISTEN connection of its own (outside the pool; started with the
+first waiting receive, reconnected with a back-off after any failure). A notification for a topic
+wakes, per consumer group waiting on that topic in this process, one waiter per message announced:
+the oldest first; the others keep waiting (no thundering herd of 500 receives per message).
+
+Nothing is lost for good when a notification is: every TXHUB_LONG_POLL_FALLBACK seconds, and just
+after (re)connecting, the hub asks Postgres once, on the same connection and for all its waiters,
+which (topic, group) pairs have something receivable (a queue beyond the group's cursor, or an
+in-flight message whose invisible time ran out: an expiry is the passage of time, which nobody
+could NOTIFY) and wakes that many waiters. An idle process with no waiter asks nothing.
+
+Everything here runs on the event loop's thread, except `seen()`, which the receive view reads
+from a worker thread (a dict read: atomic under the GIL).
+"""
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from psycopg.conninfo import make_conninfo
+
+from apps.broker.services.sending import RECEIVABLE_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+APPLICATION_NAME = "txhub-wakeups"  # how the LISTEN connection shows in pg_stat_activity
+
+# Which (topic, group) pairs, among those given, have something receivable and how much: new
+# offsets beyond the group's cursors, and in-flight messages whose invisible time is over.
+RECEIVABLE_SQL = """
+WITH w(topic_id, group_id) AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
+SELECT c.topic_id, c.group_id, sum(q.next_offset - c.next_offset)::bigint
+FROM w
+JOIN broker_consumercursor c ON c.topic_id = w.topic_id AND c.group_id = w.group_id
+JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
+WHERE q.next_offset > c.next_offset
+GROUP BY c.topic_id, c.group_id
+UNION ALL
+SELECT d.topic_id, d.group_id, count(*)
+FROM w
+JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
+WHERE d.state = 'INFLIGHT' AND d.invisible_until <= now()
+GROUP BY d.topic_id, d.group_id
+"""
+
+
+class Waiter:
+    """One waiting receive. Its event is set when it should try again."""
+
+    __slots__ = ("event", "group_id", "topic_id")
+
+    def __init__(self, topic_id: int, group_id: int) -> None:
+        self.topic_id = topic_id
+        self.group_id = group_id
+        self.event = asyncio.Event()
+
+
+class Hub:
+    def __init__(self) -> None:
+        # topic -> group -> waiters, oldest first (a dict keeps insertion order).
+        self._waiting: dict[int, dict[int, dict[Waiter, None]]] = {}
+        self._seen: dict[int, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.listening = False
+        self.checks = 0  # fallback checks done (tests and the bench read it through logs)
+
+    # --- waiters (event loop) ------------------------------------------------------------------
+
+    def seen(self, topic_id: int) -> int:
+        """How many wake-ups for the topic this process has seen (read from any thread)."""
+        return self._seen.get(topic_id, 0)
+
+    def register(self, topic_id: int, group_id: int) -> Waiter:
+        self._start()
+        waiter = Waiter(topic_id, group_id)
+        self._waiting.setdefault(topic_id, {}).setdefault(group_id, {})[waiter] = None
+        return waiter
+
+    def unregister(self, waiter: Waiter) -> None:
+        groups = self._waiting.get(waiter.topic_id, {})
+        waiters = groups.get(waiter.group_id, {})
+        waiters.pop(waiter, None)
+        if not waiters:
+            groups.pop(waiter.group_id, None)
+        if not groups:
+            self._waiting.pop(waiter.topic_id, None)
+
+    def requeue(self, waiter: Waiter) -> None:
+        """Back to the end of its line after a try that found nothing."""
+        waiters = self._waiting.get(waiter.topic_id, {}).get(waiter.group_id)
+        if waiters is not None and waiter in waiters:
+            del waiters[waiter]
+            waiters[waiter] = None
+
+    def wake(self, topic_id: int, count: int, group_id: int | None = None) -> None:
+        """Wakes up to `count` waiters of each group (or of one group) waiting on the topic."""
+        self._seen[topic_id] = self._seen.get(topic_id, 0) + 1
+        for group, waiters in self._waiting.get(topic_id, {}).items():
+            if group_id is not None and group != group_id:
+                continue
+            left = count
+            for waiter in waiters:
+                if left <= 0:
+                    break
+                if not waiter.event.is_set():
+                    waiter.event.set()
+                    left -= 1
+
+    def wake_all(self) -> None:
+        """Every waiter tries again (the hub stops, or cannot listen)."""
+        for groups in self._waiting.values():
+            for waiters in groups.values():
+                for waiter in waiters:
+                    waiter.event.set()
+
+    # --- the LISTEN connection ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._listen_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.wake_all()
+
+    async def _listen_forever(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    _conninfo(), autocommit=True
+                ) as conn:
+                    await conn.execute(f"LISTEN {RECEIVABLE_CHANNEL}")
+                    self.listening, delay = True, 0.2
+                    while True:
+                        # What was announced while nobody listened, then every fallback period.
+                        await self._check(conn)
+                        async for note in conn.notifies(timeout=settings.TXHUB_LONG_POLL_FALLBACK):
+                            self._on_notify(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - any failure: reconnect, never die
+                logger.warning("long-poll wake-ups: %s; reconnecting in %.1f s", error, delay)
+            finally:
+                if self.listening:
+                    # Waiters poll on their own (long_poll.py) until the hub listens again.
+                    self.listening = False
+                    self.wake_all()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _on_notify(self, payload: str) -> None:
+        topic, _, _ = payload.partition(" ")
+        if topic.isdigit():
+            self.wake(int(topic), 1)
+
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        pairs = [
+            (topic_id, group_id)
+            for topic_id, groups in self._waiting.items()
+            for group_id in groups
+        ]
+        if not pairs:
+            return
+        self.checks += 1
+        cursor = await conn.execute(RECEIVABLE_SQL, ([p[0] for p in pairs], [p[1] for p in pairs]))
+        for topic_id, group_id, count in await cursor.fetchall():
+            self.wake(int(topic_id), int(count), group_id=int(group_id))
+
+
+def _conninfo() -> str:
+    db = settings.DATABASES["default"]
+    return make_conninfo(
+        dbname=db["NAME"],
+        user=db.get("USER") or None,
+        password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None,
+        port=str(db.get("PORT") or "") or None,
+        application_name=APPLICATION_NAME,
+        connect_timeout=5,
+    )
+
+
+_hub: Hub | None = None
+
+
+def hub() -> Hub:
+    """This process's hub (made on first use; its connection starts with the first waiter)."""
+    global _hub
+    if _hub is None:
+        _hub = Hub()
+    return _hub

@@ -1,0 +1,184 @@
+"""txhub's ASGI handler (docs/decisions/0021): the event loop reads requests, a bounded pool of
+threads runs Django.
+
+- The whole body is read on the event loop before any thread is involved, so a client that
+  trickles its request in holds a socket and a coroutine, never a thread or a connection.
+- Then Django's ordinary sync stack (middleware, DRF view, ORM) runs for the request in one hop to
+  a thread of this process's pool (TXHUB_WEB_THREADS), which gives its database connection back
+  to psycopg's pool when the request is done. Same code, same answers as under gthread; one thread
+  hop per request instead of one per middleware (Django's own ASGIHandler in sync mode).
+- A receive with `wait_seconds` that found nothing waits on the event loop afterwards
+  (apps/broker/api/long_poll.py), holding no thread and no connection.
+"""
+
+import asyncio
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers import base
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.db import connections
+from django.http import HttpRequest, HttpResponse
+from django.urls import set_script_prefix
+
+from apps.broker import wakeups
+from apps.broker.api import long_poll
+from apps.broker.api.errors import error_body
+
+logger = logging.getLogger(__name__)
+
+
+_RECEIVE = re.compile(r"/api/v1/consumer-groups/[^/]+/receive")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class TxhubASGIHandler(ASGIHandler):
+    def __init__(self) -> None:
+        base.BaseHandler.__init__(self)
+        self.load_middleware(is_async=False)
+        self.executor = ThreadPoolExecutor(
+            max_workers=settings.TXHUB_WEB_THREADS, thread_name_prefix="txhub-web"
+        )
+        # Receives run in threads of their own: a storm of consumers (500 reconnecting at once,
+        # each making its first try) queues behind itself, never in front of a producer's send.
+        self.receive_executor = ThreadPoolExecutor(
+            max_workers=settings.TXHUB_WEB_RECEIVE_THREADS, thread_name_prefix="txhub-receive"
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            raise ValueError(f"txhub serves HTTP only, not {scope['type']}")
+        await self.handle(scope, receive, send)
+
+    async def in_thread(self, function: Any) -> Any:
+        return await sync_to_async(function, thread_sensitive=False, executor=self.executor)()
+
+    async def in_receive_thread(self, function: Any) -> Any:
+        return await sync_to_async(
+            function, thread_sensitive=False, executor=self.receive_executor
+        )()
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        arrived = asyncio.get_running_loop().time()  # a long poll's wait counts from here
+        try:
+            body_file = await self.read_body_bounded(scope, receive)
+        except RequestAborted:
+            return
+        except BodyTooLarge:
+            await self.send_response(_too_large(), send)
+            return
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            request, error_response = self.create_request(scope, body_file)
+            response: Any
+            if request is None:
+                response = error_response
+            else:
+                request.META[long_poll.WAIT_OUTSIDE] = True
+                run = self.in_receive_thread if _RECEIVE.fullmatch(request.path) else self.in_thread
+                response = await run(lambda: self._respond(request))
+                plan = long_poll.plan_of(response)
+                if plan is not None:
+                    response = await self._wait(plan, response, receive, arrived, run)
+                    if response is None:
+                        return  # the client left while waiting
+            try:
+                await self.send_response(response, send)
+            finally:
+                await self.in_thread(response.close)
+        finally:
+            body_file.close()
+
+    def _respond(self, request: HttpRequest) -> HttpResponse:
+        """Django's sync request cycle in this thread, as the WSGI handler runs it; the database
+        connection goes back to the pool at the end (response.close() may run in another
+        thread, and this thread serves other requests next)."""
+        signals.request_started.send(sender=self.__class__, scope=request.scope)  # type: ignore[attr-defined]
+        try:
+            response: HttpResponse = self.get_response(request)  # type: ignore[assignment]
+            return response
+        finally:
+            connections.close_all()
+
+    async def _wait(
+        self, plan: Any, response: HttpResponse, receive: Any, arrived: float, run: Any
+    ) -> HttpResponse | None:
+        """The long poll, given up as soon as the client disconnects."""
+        waiting = asyncio.ensure_future(long_poll.wait(plan, response, run, arrived))
+        leaving = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait([waiting, leaving], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leaving.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if waiting.cancelled() or not waiting.done():
+            return None
+        answer: HttpResponse = waiting.result()
+        return answer
+
+    async def read_body_bounded(self, scope: Any, receive: Any) -> Any:
+        """The body, read on the event loop. One declared larger than Django would ever accept
+        is not read at all (the view refuses it from its Content-Length: 403 or 413, as under
+        gthread); one sent without a length that grows beyond that is refused here."""
+        declared = _content_length(scope)
+        if declared is not None and declared > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            return await self.read_body(_no_body(receive))
+        body_file = await self.read_body(receive)
+        if body_file.seek(0, 2) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1024 * 1024:
+            body_file.close()
+            raise BodyTooLarge
+        body_file.seek(0)
+        return body_file
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await wakeups.hub().stop()
+                self.executor.shutdown(wait=False)
+                self.receive_executor.shutdown(wait=False)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _content_length(scope: Any) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _no_body(receive: Any) -> Any:
+    """A receive that reports an empty body (the real one is never read)."""
+
+    async def empty() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return empty
+
+
+def _too_large() -> HttpResponse:
+    import json
+
+    body = error_body(
+        "payload_too_large", "The request body is too large: a message body has at most 4 MiB."
+    )
+    return HttpResponse(json.dumps(body), status=413, content_type="application/json")

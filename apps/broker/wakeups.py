@@ -23,7 +23,8 @@ from a worker thread (a dict read: atomic under the GIL).
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 from django.conf import settings
@@ -193,6 +194,55 @@ def _conninfo() -> str:
         application_name=APPLICATION_NAME,
         connect_timeout=5,
     )
+
+
+T = TypeVar("T")
+
+
+async def wait(
+    *,
+    topic_id: int,
+    group_id: int,
+    seen: int,
+    deadline: float,
+    attempt: Callable[[], Awaitable[T]],
+    found: Callable[[T], bool],
+) -> T | None:
+    """A waiting receive of either door (REST long poll, gRPC ReceiveMessage): until `deadline`
+    (loop time), wait on this process's hub and, each time it is woken, `attempt` again (a short
+    sync section that gives its connection back); the first result that `found` accepts is
+    returned, None when the time is up. `seen` is `hub().seen(topic_id)` read before the first
+    attempt: a wake-up between that attempt and now is not missed. Holds no thread and no
+    database connection while it waits."""
+    loop = asyncio.get_running_loop()
+    the_hub = hub()
+    waiter = the_hub.register(topic_id, group_id)
+    try:
+        if the_hub.seen(topic_id) != seen:
+            waiter.event.set()
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            # While the hub cannot listen (Postgres away, reconnecting), poll at the fallback
+            # period on our own: a hub that never comes back must not turn waits into misses.
+            timeout = remaining if the_hub.listening else min(remaining, _fallback())
+            try:
+                await asyncio.wait_for(waiter.event.wait(), timeout)
+            except TimeoutError:
+                if the_hub.listening or loop.time() >= deadline:
+                    continue
+            waiter.event.clear()
+            result = await attempt()
+            if found(result):
+                return result
+            the_hub.requeue(waiter)
+    finally:
+        the_hub.unregister(waiter)
+
+
+def _fallback() -> float:
+    return float(settings.TXHUB_LONG_POLL_FALLBACK)
 
 
 _hub: Hub | None = None

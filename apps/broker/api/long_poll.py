@@ -9,12 +9,10 @@ no database connection while it waits: it waits on the process's wake-up hub and
 woken, tries again in a short sync section that gives its connection back to the pool at its end.
 """
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from django.conf import settings
 from django.db import connections
 from django.http import HttpResponse
 from rest_framework.renderers import JSONRenderer
@@ -80,38 +78,25 @@ async def wait(
     """Waits for the plan's messages until its wait time, counted from the request's arrival
     (`arrived`, loop time), is over; returns the answer to send (`response`, still
     `{"messages": []}`, if nothing came)."""
-    loop = asyncio.get_running_loop()
-    deadline = arrived + plan.wait_seconds
-    hub = wakeups.hub()
-    waiter = hub.register(plan.topic.pk, plan.group.pk)
-    try:
-        if hub.seen(plan.topic.pk) != plan.seen:
-            waiter.event.set()  # a wake-up came between the first try and now
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return response
-            # While the hub cannot listen (Postgres away, reconnecting), poll at the fallback
-            # period on our own: a hub that never comes back must not turn waits into misses.
-            timeout = remaining if hub.listening else min(remaining, _fallback())
-            try:
-                await asyncio.wait_for(waiter.event.wait(), timeout)
-            except TimeoutError:
-                if hub.listening or loop.time() >= deadline:
-                    continue
-            waiter.event.clear()
-            status, body = await run_in_thread(lambda: _try_again(plan))
-            if status != 200:
-                return HttpResponse(body, status=status, content_type="application/json")
-            if body:
-                response.content = body
-                if response.has_header("Content-Length"):
-                    response["Content-Length"] = str(len(body))
-                return response
-            hub.requeue(waiter)
-    finally:
-        hub.unregister(waiter)
 
+    async def attempt() -> tuple[int, bytes]:
+        answer: tuple[int, bytes] = await run_in_thread(lambda: _try_again(plan))
+        return answer
 
-def _fallback() -> float:
-    return float(settings.TXHUB_LONG_POLL_FALLBACK)
+    result = await wakeups.wait(
+        topic_id=plan.topic.pk,
+        group_id=plan.group.pk,
+        seen=plan.seen,
+        deadline=arrived + plan.wait_seconds,
+        attempt=attempt,
+        found=lambda answer: answer[0] != 200 or bool(answer[1]),
+    )
+    if result is None:
+        return response
+    status, body = result
+    if status != 200:
+        return HttpResponse(body, status=status, content_type="application/json")
+    response.content = body
+    if response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(body))
+    return response

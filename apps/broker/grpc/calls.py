@@ -7,10 +7,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import close_old_connections
 
-from apps.broker import limits
+from apps.broker import limits, wakeups
 from apps.broker.grpc.protocol import Code, Refusal, limit_refusal, refusal_of, status
 from apps.broker.services.errors import BrokerError
 
@@ -32,18 +31,33 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await call(fn, args, kwargs)
 
 
-async def wait_for(fetch: Callable[[], list[T]], *, seconds: float) -> list[T]:
-    """The long poll: `fetch` now and then every TXHUB_LONG_POLL_INTERVAL until it finds
-    something or `seconds` are up. No thread or connection is held while waiting. The one place
-    to swap for a LISTEN/NOTIFY wake-up (the REST door's receive polls the same way)."""
+async def wait_for(
+    fetch: Callable[[], list[T]], *, seconds: float, topic_id: int, group_id: int
+) -> list[T]:
+    """The long poll: `fetch` now and, while nothing is there, each time this process's wake-up
+    hub says the topic may have something for the group (Postgres NOTIFY from the commit, send,
+    delayed delivery or resend that made it receivable, with the hub's fallback check), until
+    `seconds` are up. The same wait as the REST door's (apps/broker/wakeups.py); no thread or
+    connection is held while waiting."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    while True:
-        found = await db(fetch)
-        remaining = deadline - loop.time()
-        if found or remaining <= 0:
-            return found
-        await asyncio.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
+    seen = wakeups.hub().seen(topic_id)  # before the first try: a wake-up after it is not missed
+    found = await db(fetch)
+    if found or seconds <= 0:
+        return found
+
+    async def attempt() -> list[T]:
+        return await db(fetch)
+
+    woken = await wakeups.wait(
+        topic_id=topic_id,
+        group_id=group_id,
+        seen=seen,
+        deadline=deadline,
+        attempt=attempt,
+        found=bool,
+    )
+    return woken or []
 
 
 Handler = Callable[[Any, Any, Any], Awaitable[Any]]

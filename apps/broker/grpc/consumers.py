@@ -93,7 +93,7 @@ class ConsumerRpcs:
                     tags=tags,
                 )
 
-            received = await wait_for(fetch, seconds=wait)
+            received = await wait_for(fetch, seconds=wait, topic_id=topic.pk, group_id=group.pk)
         except Refusal as refused:
             yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
             return

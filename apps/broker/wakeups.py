@@ -34,7 +34,9 @@ from apps.broker.services.sending import RECEIVABLE_CHANNEL
 
 logger = logging.getLogger(__name__)
 
-APPLICATION_NAME = "txhub-wakeups"  # how the LISTEN connection shows in pg_stat_activity
+# How the LISTEN connection shows in pg_stat_activity: "<the pool's application_name>-wakeups"
+# when DATABASE_URL sets one (?application_name=...), else this.
+APPLICATION_NAME = "txhub-wakeups"
 
 # Which (topic, group) pairs, among those given, have something receivable and how much: new
 # offsets beyond the group's cursors, and in-flight messages whose invisible time is over.
@@ -185,13 +187,14 @@ class Hub:
 
 def _conninfo() -> str:
     db = settings.DATABASES["default"]
+    pooled_name = (db.get("OPTIONS") or {}).get("application_name")
     return make_conninfo(
         dbname=db["NAME"],
         user=db.get("USER") or None,
         password=db.get("PASSWORD") or None,
         host=db.get("HOST") or None,
         port=str(db.get("PORT") or "") or None,
-        application_name=APPLICATION_NAME,
+        application_name=f"{pooled_name}-wakeups" if pooled_name else APPLICATION_NAME,
         connect_timeout=5,
     )
 

@@ -28,7 +28,7 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-# ASGI (docs/decisions/0021): each worker process reads requests on an event loop and runs Django
+# ASGI (docs/decisions/0024): each worker process reads requests on an event loop and runs Django
 # in TXHUB_WEB_THREADS threads (settings); long polls wait on the loop, holding no thread.
 "$BIN/gunicorn" txhub.asgi:application --bind "127.0.0.1:$PORT" \
   --worker-class uvicorn_worker.UvicornWorker --workers "${TXHUB_WEB_WORKERS:-2}" \

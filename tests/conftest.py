@@ -108,7 +108,7 @@ class Server:
 
 
 def web_command(port: int, *, workers: int, graceful_timeout: int = 30) -> list[str]:
-    """The web server command line of scripts/run.sh (docs/decisions/0021)."""
+    """The web server command line of scripts/run.sh (docs/decisions/0024)."""
     return [
         str(BIN / "gunicorn"),
         "txhub.asgi:application",

@@ -1,5 +1,5 @@
 """ASGI entry point: `gunicorn -k uvicorn_worker.UvicornWorker txhub.asgi:application` (make run).
-See txhub/web.py and docs/decisions/0021."""
+See txhub/web.py and docs/decisions/0024."""
 
 import os
 

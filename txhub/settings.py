@@ -139,7 +139,7 @@ TEMPLATES = [
 TXHUB_PG_PORT = env_int("TXHUB_PG_PORT", 54329)
 TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 
-# psycopg's pool, bounded (docs/decisions/0021, superseding 0003): under ASGI a request's sync code
+# psycopg's pool, bounded (docs/decisions/0024, superseding 0003): under ASGI a request's sync code
 # runs on whichever thread of the web process's pool is free, so per-thread persistent connections
 # would be one per thread ever used. Every process (web, Celery, manage.py) takes a connection from
 # its pool for one request or task and gives it back at the end (CONN_MAX_AGE=0, as Django asks
@@ -166,7 +166,7 @@ if DB_POOL:
         # A request waits this long for a free connection before it answers 503.
         "timeout": env_float("TXHUB_DB_POOL_TIMEOUT", 10),
         # Failed reconnects back off 1, 2, 4 ... s; give up (and start again from 0 s on the next
-        # checkout) after this, so a Postgres that is back is used at once (decision 0021).
+        # checkout) after this, so a Postgres that is back is used at once (decision 0024).
         "reconnect_timeout": env_float("TXHUB_DB_POOL_RECONNECT_TIMEOUT", 2),
     }
 
@@ -303,7 +303,7 @@ TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
 TXHUB_MAX_BATCH_BYTES = env_int("TXHUB_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 TXHUB_MAX_PROPERTIES = 128
 TXHUB_MAX_META_BYTES = 16 * 1024
-# Long polling (docs/decisions/0021). Under ASGI (make run) a waiting receive is woken by Postgres
+# Long polling (docs/decisions/0024). Under ASGI (make run) a waiting receive is woken by Postgres
 # NOTIFY; each web process also checks every TXHUB_LONG_POLL_FALLBACK seconds, with one query for
 # all its waiting consumers, whether something is receivable that no NOTIFY announced (a lost
 # wake-up, an invisible time that ran out). Under WSGI (gthread, the Django test client) a waiting

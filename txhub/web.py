@@ -1,4 +1,4 @@
-"""txhub's ASGI handler (docs/decisions/0021): the event loop reads requests, a bounded pool of
+"""txhub's ASGI handler (docs/decisions/0024): the event loop reads requests, a bounded pool of
 threads runs Django.
 
 - The whole body is read on the event loop before any thread is involved, so a client that

@@ -1,4 +1,4 @@
-"""Wake-ups for waiting consumers, one hub per ASGI web process (docs/decisions/0021).
+"""Wake-ups for waiting consumers, one hub per ASGI web process (docs/decisions/0024).
 
 A message becomes receivable in one place (sending.next_queue_offset: send, commit, delayed
 delivery) plus a dead letter sent back (consuming.dlq_resend); both NOTIFY `txhub_receivable` in

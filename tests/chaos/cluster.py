@@ -189,7 +189,7 @@ class Cluster:
         )
 
     def web_start(self) -> None:
-        # As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0021).
+        # As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0024).
         self.web = self._spawn(
             str(BIN / "gunicorn"),
             "txhub.asgi:application",

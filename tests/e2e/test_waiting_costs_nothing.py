@@ -1,4 +1,4 @@
-"""Issue 10 item 1, "Waiting costs nothing" (docs/decisions/0021), on a real server started as
+"""Issue 10 item 1, "Waiting costs nothing" (docs/decisions/0024), on a real server started as
 `make run` starts it (gunicorn + uvicorn workers):
 
 - 500 long polls at once hold no thread and no database connection: a producer's sends keep their

@@ -1,4 +1,4 @@
-"""The waiting part of a receive with `wait_seconds`, on the event loop (docs/decisions/0021).
+"""The waiting part of a receive with `wait_seconds`, on the event loop (docs/decisions/0024).
 
 The ASGI handler (txhub/web.py) runs every request, receive included, through Django's normal sync
 stack in one worker thread: auth, scopes, throttle, validation, errors are the same code as for

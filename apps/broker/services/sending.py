@@ -65,7 +65,7 @@ def queue_for(*, topic: Topic, msg_id: str) -> int:
 
 
 # The channel every message that becomes receivable is announced on; waiting consumers are woken
-# from it (apps/broker/wakeups.py, docs/decisions/0021). The payload starts with the topic id.
+# from it (apps/broker/wakeups.py, docs/decisions/0024). The payload starts with the topic id.
 RECEIVABLE_CHANNEL = "txhub_receivable"
 
 # Hands out a queue's next offset. The UPDATE keeps the queue row locked until the caller's

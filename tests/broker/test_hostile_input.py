@@ -181,6 +181,18 @@ def test_a_hostile_number_in_a_list_query_is_400(
     world()
 
 
+@pytest.mark.parametrize("query", ["=", "=1", "pgae=2", "%00=1", "page=1&extra="])
+@pytest.mark.parametrize("path", LISTS)
+def test_an_unknown_or_nameless_list_query_parameter_is_400(
+    api: APIClient, world: Callable[[], None], path: str, query: str
+) -> None:
+    """Unknown query parameters are refused like unknown body fields (a typo is an error), a
+    nameless one (`?=`, found by the fuzzer) included."""
+    assert_error(api.get(f"{path}?{query}"), 400, "invalid_request")
+    assert api.get(f"{path}?page=1").status_code == 200  # the positive control
+    world()
+
+
 @pytest.mark.parametrize(
     "value", ["%00", "a%0A", "%ED%A0%80", "g" * 128, "x" * 100_000], ids=lambda v: v[:12]
 )

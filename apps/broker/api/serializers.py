@@ -418,7 +418,7 @@ class QueryIntegerField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
-class PageIn(serializers.Serializer[Any]):
+class PageIn(StrictSerializer):
     page = QueryIntegerField(required=False, min_value=1)
     page_size = QueryIntegerField(required=False, min_value=1, max_value=500)
 

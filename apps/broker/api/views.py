@@ -104,9 +104,11 @@ class Pagination(PageNumberPagination):
     max_page_size = 500
 
     def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
-        # DRF quietly takes page=&page_size=false as the defaults: a 400 here, like any input.
-        names = (self.page_query_param, self.page_size_query_param)
-        validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k in names})
+        # DRF quietly takes page=&page_size=false as the defaults, and any unknown parameter
+        # (even a nameless `?=`): a 400 here, like any input. A view that validates query
+        # parameters of its own names them in `query_fields`.
+        own = getattr(view, "query_fields", frozenset())
+        validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k not in own})
         return super().paginate_queryset(queryset, request, view)
 
 
@@ -295,6 +297,7 @@ class TopicMessagesView(APIView):
 
 class TransactionListView(APIView):
     pagination_class = Pagination  # for the schema: the GET list is paginated
+    query_fields = frozenset({"producer_group", "state", "older_than_seconds"})
 
     @extend_schema(
         request=inputs.TransactionIn,

@@ -155,7 +155,8 @@ DATABASES = {
         conn_health_checks=env_bool("TXHUB_CONN_HEALTH_CHECKS", True),
     )
 }
-DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+# Django's PostgreSQL backend whose pool drops all dead idle connections at once after a restart.
+DATABASES["default"]["ENGINE"] = "txhub.postgres"
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 TXHUB_DB_POOL_SIZE = env_int("TXHUB_DB_POOL_SIZE", 10)

@@ -116,17 +116,28 @@ def setup(admin_token: str, port: int) -> None:
     api = requests.Session()
     api.headers["Authorization"] = f"Bearer {admin_token}"
     url = f"{TXHUB}/api/v1"
-    api.post(f"{url}/topics", json={"name": "orders", "queues": 4})
-    group = api.post(
-        f"{url}/producer-groups",
-        json={"name": "order-service", "check_url": f"http://127.0.0.1:{port}/check"},
+
+    def created(response: requests.Response) -> requests.Response:
+        # 409: it exists already (setup run again); anything else is an error worth stopping at.
+        if response.status_code not in (200, 201, 409):
+            raise SystemExit(f"setup failed: {response.status_code} {response.text}")
+        return response
+
+    created(api.post(f"{url}/topics", json={"name": "orders", "queues": 4}))
+    group = created(
+        api.post(
+            f"{url}/producer-groups",
+            json={"name": "order-service", "check_url": f"http://127.0.0.1:{port}/check"},
+        )
     )
     if group.status_code == 409:
-        group = api.post(f"{url}/producer-groups/order-service/rotate-secret")
-    api.post(f"{url}/consumer-groups", json={"name": "shipping"})
-    token = api.post(
-        f"{url}/tokens",
-        json={"name": "order-service", "scopes": ["produce:order-service", "consume:shipping"]},
+        group = created(api.post(f"{url}/producer-groups/order-service/rotate-secret"))
+    created(api.post(f"{url}/consumer-groups", json={"name": "shipping"}))
+    token = created(
+        api.post(
+            f"{url}/tokens",
+            json={"name": "order-service", "scopes": ["produce:order-service", "consume:shipping"]},
+        )
     ).json()
     STATE.mkdir(parents=True, exist_ok=True)
     (STATE / "config.json").write_text(

@@ -107,7 +107,7 @@ class Pagination(PageNumberPagination):
         # DRF quietly takes page=&page_size=false as the defaults, and any unknown parameter
         # (even a nameless `?=`): a 400 here, like any input. A view that validates query
         # parameters of its own names them in `query_fields`.
-        own = getattr(view, "query_fields", frozenset())
+        own: frozenset[str] = getattr(view, "query_fields", frozenset())
         validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k not in own})
         return super().paginate_queryset(queryset, request, view)
 

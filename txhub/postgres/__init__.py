@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend with one change to its connection pool (see base.py)."""

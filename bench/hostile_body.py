@@ -1,6 +1,7 @@
 """What one hostile 4 MB request costs the server (issue 9, OWASP API4: resource consumption).
 
-Starts a real gunicorn (one worker, one thread, so the worker's figures are the request's) on the
+Starts a real gunicorn (one ASGI worker process, as `make run` does: its figures are the
+request's) on the
 database of the current settings (`make run`'s or your TXHUB_PG_PORT's), once per body, sends
 one hostile body and prints: the answer's status and size, the wall time, the worker's CPU time
 and its peak RSS (VmHWM) against its RSS before the request.
@@ -81,7 +82,9 @@ def worker_pid(master: int) -> int:
 def one(what: str, path: str, body: bytes, token: str) -> None:
     port = free_port()
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "txhub.wsgi:application",
+        # As scripts/run.sh starts the web tier (ASGI, uvicorn worker), with one worker process.
+        [str(Path(sys.executable).parent / "gunicorn"), "txhub.asgi:application",
+         "--worker-class", "uvicorn_worker.UvicornWorker",
          "--bind", f"127.0.0.1:{port}", "--workers", "1", "--timeout", "300"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -1,9 +1,8 @@
 """What one hostile 4 MB request costs the server (issue 9, OWASP API4: resource consumption).
 
 Starts a real gunicorn (one ASGI worker process, as `make run` does: its figures are the
-request's) on the
-database of the current settings (`make run`'s or your TXHUB_PG_PORT's), once per body, sends
-one hostile body and prints: the answer's status and size, the wall time, the worker's CPU time
+request's) on the database of the current settings (`make run`'s or your TXHUB_PG_PORT's), once
+per body, sends one hostile body and prints: the answer's status and size, the wall time, the worker's CPU time
 and its peak RSS (VmHWM) against its RSS before the request.
 
     .venv/bin/python bench/hostile_body.py [--elements 1000000]

@@ -2,8 +2,8 @@
 
 Starts a real gunicorn (one ASGI worker process, as `make run` does: its figures are the
 request's) on the database of the current settings (`make run`'s or your TXHUB_PG_PORT's), once
-per body, sends one hostile body and prints: the answer's status and size, the wall time, the worker's CPU time
-and its peak RSS (VmHWM) against its RSS before the request.
+per body, sends one hostile body and prints: the answer's status and size, the wall time, the
+worker's CPU time and its peak RSS (VmHWM) against its RSS before the request.
 
     .venv/bin/python bench/hostile_body.py [--elements 1000000]
 """

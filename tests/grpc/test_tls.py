@@ -1,0 +1,55 @@
+"""The gRPC door over TLS (TXHUB_GRPC_TLS_CERT / _KEY): a client that trusts the certificate
+gets answers; a plaintext client gets none."""
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+from tests.conftest import free_port
+from tests.grpc.conftest import GrpcServer, start_grpc, stop
+from tests.grpc.test_push_consumer import signed
+
+pytestmark = pytest.mark.e2e
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_with_a_certificate_the_door_speaks_tls_only(tmp_path: Path, rocketmq_setup: Any) -> None:
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    with open(tmp_path / "grpc.log", "w") as log:
+        process = start_grpc(
+            port, log, {"TXHUB_GRPC_TLS_CERT": str(cert), "TXHUB_GRPC_TLS_KEY": str(key)}
+        )
+        server = GrpcServer(port, process, log)
+        try:
+            setup = rocketmq_setup("-tls")
+            request = rpc.QueryRouteRequest(topic=pb.Resource(name=setup.topic))
+            trusted = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+            with grpc.secure_channel(server.endpoint, trusted) as channel:
+                answer = MessagingServiceStub(channel).QueryRoute(
+                    request, metadata=signed(server, setup), timeout=10
+                )
+            assert answer.status.code == pb.Code.OK, answer.status
+            assert answer.message_queues
+            with grpc.insecure_channel(server.endpoint) as channel, pytest.raises(grpc.RpcError):
+                MessagingServiceStub(channel).QueryRoute(
+                    request, metadata=signed(server, setup), timeout=5
+                )
+        finally:
+            stop(process)

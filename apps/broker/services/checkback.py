@@ -516,10 +516,10 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         if half is None:
             return "gone"
         if half.state != State.PREPARED:
-            _record_check(half, {**detail, "applied": False}, now)
+            record_check(half, {**detail, "applied": False}, now)
             HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
             return "resolved-meanwhile"
-        _record_check(half, {**detail, "applied": result.answer != "UNKNOWN"}, now)
+        record_check(half, {**detail, "applied": result.answer != "UNKNOWN"}, now)
         half.checking_until = None
         if result.answer in {"COMMIT", "ROLLBACK"}:
             half.check_times += 1
@@ -557,7 +557,8 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         return "unknown" if result.reached else "unreachable"
 
 
-def _record_check(half: HalfMessage, detail: dict[str, Any], now: Any) -> None:
+def record_check(half: HalfMessage, detail: dict[str, Any], now: Any) -> None:
+    """The CHECK op of one check-back attempt, over HTTP or a producer's gRPC stream."""
     OpRecord.objects.create(
         half=half,
         op=OpKind.CHECK,

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.broker.models import HalfMessage, OpKind, OpRecord, Resolver
+from apps.broker.models import HalfMessage, Resolver
 from apps.broker.models import TransactionState as State
-from apps.broker.services import clients, transactions
+from apps.broker.services import checkback, clients, transactions
 from apps.broker.services.errors import NotFound
 from apps.broker.services.transactions import Actor
 
@@ -81,10 +81,10 @@ def checkback_answer(
             raise NotFound(f"Transaction {transaction_id} does not exist.")
         detail = {"answer": answer, "reached": True, "status": None, "error": "", **via}
         if half.state != State.PREPARED:
-            _record_check(half, {**detail, "applied": False})
+            checkback.record_check(half, {**detail, "applied": False}, timezone.now())
             return "resolved-meanwhile"
         # The check was counted when it was sent (checkback_run): not counted again here.
-        _record_check(half, {**detail, "applied": True})
+        checkback.record_check(half, {**detail, "applied": True}, timezone.now())
         resolve = (
             transactions.transaction_commit
             if answer == "COMMIT"
@@ -96,15 +96,3 @@ def checkback_answer(
             reason="answered by the producer over its Telemetry stream",
         )
         return answer
-
-
-def _record_check(half: HalfMessage, detail: dict[str, Any]) -> None:
-    OpRecord.objects.create(
-        half=half,
-        op=OpKind.CHECK,
-        source=Resolver.CHECK_BACK,
-        actor="check-back",
-        reason=detail["error"],
-        detail=detail,
-        at=timezone.now(),
-    )

@@ -169,19 +169,20 @@ def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage)
     """The message a producer already stored under its own id, or None. The same id used for
     another group's or topic's message, or by a transaction, is a conflict (never an answer
     about someone else's message)."""
+
+    def owned(row: CommitLogEntry | DelayedMessage) -> None:
+        if row.topic_id != topic.pk or row.producer_group != message.producer_group:
+            raise Conflict(f"Message id {msg_id} is in use by another message.")
+        if row.transaction_id is not None:
+            raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+
     entry = CommitLogEntry.objects.filter(msg_id=msg_id).first()
     if entry is not None:
-        if entry.topic_id != topic.pk or entry.producer_group != message.producer_group:
-            raise Conflict(f"Message id {msg_id} is in use by another message.")
-        if entry.transaction_id is not None:
-            raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+        owned(entry)
         return Sent(msg_id, topic, entry.queue_id, entry.queue_offset, entry.stored_at)
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
     if delayed is not None:
-        if delayed.topic_id != topic.pk or delayed.producer_group != message.producer_group:
-            raise Conflict(f"Message id {msg_id} is in use by another message.")
-        if delayed.transaction_id is not None:
-            raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+        owned(delayed)
         return Sent(msg_id, topic, delayed.queue_id, None, delayed.deliver_at)
     if HalfMessage.objects.filter(msg_id=msg_id).exists():
         raise Conflict(f"Message id {msg_id} is in use by a transaction.")

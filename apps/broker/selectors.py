@@ -10,6 +10,7 @@ from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from apps.broker import rows
 from apps.broker.models import (
     CommitLogEntry,
     ConsumerCursor,
@@ -29,7 +30,7 @@ from apps.broker.services.errors import Forbidden, NotFound
 
 
 def topic_get(*, name: str) -> Topic:
-    topic = Topic.objects.filter(name=name).first()
+    topic = rows.one_by(Topic, "name", name)  # plain SQL: on every send, prepare and receive
     if topic is None:
         raise NotFound(f"Topic {name!r} does not exist.", topic=name)
     return topic
@@ -50,14 +51,14 @@ def topics_queue_offsets(*, topics: Collection[Topic]) -> dict[int, list[dict[st
 
 
 def producer_group_get(*, name: str) -> ProducerGroup:
-    group = ProducerGroup.objects.filter(name=name).first()
+    group = rows.one_by(ProducerGroup, "name", name)
     if group is None:
         raise NotFound(f"Producer group {name!r} does not exist.", producer_group=name)
     return group
 
 
 def consumer_group_get(*, name: str) -> ConsumerGroup:
-    group = ConsumerGroup.objects.filter(name=name).first()
+    group = rows.one_by(ConsumerGroup, "name", name)
     if group is None:
         raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
     return group
@@ -70,11 +71,18 @@ def topic_allowed(*, kind: Literal["produce", "consume"], group: str, topic: str
     one that does not exist: the caller answers its 404 next) may use any topic. Whether the
     topic exists plays no part, so a 403 tells a bound group nothing about other topics.
     """
-    model, owner = (ProducerGroup, "producer") if kind == "produce" else (ConsumerGroup, "consumer")
-    # One query; compared here rather than in SQL, so a topic name from the URL never reaches
-    # the database before it has been checked (a NUL byte, say, is simply not among the names).
-    bound = model.topics.through.objects.filter(**{f"{owner}group__name": group})
-    names = set(bound.values_list("topic__name", flat=True))
+    owner = "producer" if kind == "produce" else "consumer"
+    # One plain query (on every send, prepare and receive); compared here rather than in SQL, so
+    # a topic name from the URL never reaches the database before it has been checked (a NUL
+    # byte, say, is simply not among the names). Table names are constants.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT t.name FROM broker_{owner}group_topics b "  # noqa: S608
+            f"JOIN broker_{owner}group g ON g.id = b.{owner}group_id "
+            "JOIN broker_topic t ON t.id = b.topic_id WHERE g.name = %s",
+            [group],
+        )
+        names = {row[0] for row in cursor.fetchall()}
     if names and topic not in names:
         raise Forbidden(
             f"{owner.capitalize()} group {group!r} is not bound to topic {topic!r}.",

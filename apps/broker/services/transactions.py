@@ -4,6 +4,7 @@ Every path that changes a transaction's state, whoever calls it (REST, console, 
 Celery), goes through `_transition`, which locks the half message's row first.
 """
 
+import contextlib
 import json
 import uuid
 from collections.abc import Collection
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.broker import failpoints, limits
+from apps.broker import failpoints, limits, rows
 from apps.broker.metrics import count_resolution
 from apps.broker.models import (
     UNRESOLVED_STATES,
@@ -145,12 +146,74 @@ def transaction_prepare_batch(
                 deliver_at=item.deliver_at,
             )
         )
-    with transaction.atomic():
-        HalfMessage.objects.bulk_create(halves)
-        OpRecord.objects.bulk_create([_op(half, OpKind.PREPARE, actor, at=now) for half in halves])
+    _insert_prepared(halves, actor, now)
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_half_insert")
     return halves
+
+
+# Every half message of a prepare (one or a batch of 64) and its PREPARE op, in one statement:
+# one round trip, atomic without a transaction block of its own, and none of the ORM's per-row
+# work (bulk_create cost ~8 ms of CPU for 64 rows; this, ~1 ms). Composed of constants only.
+PREPARE_SQL = """
+WITH half AS (
+    INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body,
+        body_is_binary, born_at, transaction_id, producer_group_id, topic_id, state, check_times,
+        check_immunity_seconds, next_check_at, checking_until, unreachable_checks, delay_seconds,
+        deliver_at, resolved_at, resolved_by)
+    SELECT m.msg_id, m.queue_id, m.tags, m.keys::jsonb, m.properties::jsonb, m.body,
+        m.body_is_binary, %(now)s, m.transaction_id, %(group)s, %(topic)s, %(state)s, 0,
+        m.immunity, m.next_check_at, NULL, 0, m.delay_seconds, m.deliver_at, NULL, ''
+    FROM unnest(%(msg_ids)s::varchar[], %(queue_ids)s::int[], %(tags)s::varchar[],
+        %(keys)s::text[], %(properties)s::text[], %(bodies)s::bytea[], %(binary)s::bool[],
+        %(transaction_ids)s::uuid[], %(immunity)s::int[], %(next_checks)s::timestamptz[],
+        %(delays)s::int[], %(deliver_ats)s::timestamptz[])
+        AS m(msg_id, queue_id, tags, keys, properties, body, body_is_binary, transaction_id,
+            immunity, next_check_at, delay_seconds, deliver_at)
+    RETURNING id, msg_id
+),
+op AS (
+    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
+    SELECT id, %(op)s, %(source)s, %(actor)s, '', '{}'::jsonb, %(now)s FROM half
+)
+SELECT id, msg_id FROM half
+"""
+
+
+def _insert_prepared(halves: list[HalfMessage], actor: Actor, now: datetime) -> None:
+    first = halves[0]
+    # Inside a caller's transaction, a savepoint: a duplicate msg_id (IntegrityError, answered
+    # by transaction_prepare's retry) must not abort the caller's transaction.
+    nested = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
+    with nested, connection.cursor() as cursor:
+        cursor.execute(
+            PREPARE_SQL,
+            {
+                "now": now,
+                "group": first.producer_group_id,
+                "topic": first.topic_id,
+                "state": TransactionState.PREPARED,
+                "msg_ids": [h.msg_id for h in halves],
+                "queue_ids": [h.queue_id for h in halves],
+                "tags": [h.tags for h in halves],
+                "keys": [json.dumps(h.keys) for h in halves],
+                "properties": [json.dumps(h.properties) for h in halves],
+                "bodies": [bytes(h.body) for h in halves],
+                "binary": [h.body_is_binary for h in halves],
+                "transaction_ids": [h.transaction_id for h in halves],
+                "immunity": [h.check_immunity_seconds for h in halves],
+                "next_checks": [h.next_check_at for h in halves],
+                "delays": [h.delay_seconds for h in halves],
+                "deliver_ats": [h.deliver_at for h in halves],
+                "op": OpKind.PREPARE,
+                "source": actor.source,
+                "actor": actor.name,
+            },
+        )
+        ids = dict((msg_id, pk) for pk, msg_id in cursor.fetchall())
+    for half in halves:
+        half.pk = ids[half.msg_id]
+        half._state.adding = False
 
 
 def transaction_commit(
@@ -382,14 +445,31 @@ def _outgoing(half: HalfMessage) -> OutgoingMessage:
     return OutgoingMessage.of(half, half.producer_group.name)
 
 
+_LOCK_SQL = (
+    f"SELECT {rows.columns(HalfMessage, 'h')}, {rows.columns(Topic, 't')}, "  # noqa: S608
+    f"{rows.columns(ProducerGroup, 'g')} FROM broker_halfmessage h "
+    "JOIN broker_topic t ON t.id = h.topic_id "
+    "JOIN broker_producergroup g ON g.id = h.producer_group_id "
+    "WHERE h.transaction_id = %s FOR UPDATE OF h"
+)
+
+
 def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:
     # Lock: commit, rollback, a check-back answer and an operator action on one transaction
     # queue up here, so exactly one of them moves it to a final state (CONTRACT invariant 2).
-    # of=("self",): lock only the half row, not its (shared) topic and group rows.
-    query = HalfMessage.objects.select_for_update(of=("self",)).select_related(
-        "topic", "producer_group"
-    )
-    half = query.filter(transaction_id=transaction_id).first()
+    # FOR UPDATE OF h: lock only the half row, not its (shared) topic and group rows. Plain SQL
+    # (the commit's hot path): the ORM's compilation of this query cost more CPU than the rest
+    # of the commit together.
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_SQL, [transaction_id])
+        row = cursor.fetchone()
+    half = None
+    if row is not None:
+        half = rows.load(HalfMessage, row)
+        half.topic = rows.load(Topic, row, rows.width(HalfMessage))
+        half.producer_group = rows.load(
+            ProducerGroup, row, rows.width(HalfMessage) + rows.width(Topic)
+        )
     if half is None or (
         producer_groups is not None and half.producer_group.name not in producer_groups
     ):

@@ -167,9 +167,11 @@ class Hub:
             delay = min(delay * 2, 5.0)
 
     def _on_notify(self, payload: str) -> None:
-        topic, _, _ = payload.partition(" ")
-        if topic.isdigit():
-            self.wake(int(topic), 1)
+        # "topic queue offset", or "topic queue first_offset count" for a batch appended at once.
+        fields = payload.split(" ")
+        if fields[0].isdigit():
+            count = int(fields[3]) if len(fields) > 3 and fields[3].isdigit() else 1
+            self.wake(int(fields[0]), count)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
         pairs = [

@@ -63,7 +63,7 @@ class SendBatchView(APIView):
 
         def send() -> dict[str, Any]:
             sent = sending.message_send_batch(topic=topic_row, messages=messages)
-            return {"results": output.SendOut(sent, many=True).data}
+            return {"results": output.render_many(output.SendOut, sent)}
 
         return stored_once(request, group, send, failpoint="after_send_before_answer")
 
@@ -103,7 +103,7 @@ class PrepareBatchView(APIView):
             halves = transactions.transaction_prepare_batch(
                 producer_group=group, topic=topic, items=items, actor=producer_actor(request)
             )
-            return {"results": output.PreparedOut(halves, many=True).data}
+            return {"results": output.render_many(output.PreparedOut, halves)}
 
         return stored_once(request, group, prepare, failpoint="after_half_insert")
 
@@ -138,7 +138,7 @@ def _outcome_out(outcome: Outcome) -> dict[str, Any]:
     return {
         "transaction_id": str(outcome.transaction_id),
         "status": status.HTTP_200_OK,
-        "result": output.ResolutionOut(outcome.resolution).data,
+        "result": output.render(output.ResolutionOut, outcome.resolution),
     }
 
 

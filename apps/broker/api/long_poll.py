@@ -56,7 +56,7 @@ def _try_again(plan: consuming.WaitPlan) -> tuple[int, bytes]:
         received = consuming.receive_once(plan)
         if not received:
             return 200, b""
-        data = {"messages": output.ReceivedOut(received, many=True).data}
+        data = {"messages": output.render_many(output.ReceivedOut, received)}
         return 200, JSONRenderer().render(data)
     except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
         handled = exception_handler(error, {})

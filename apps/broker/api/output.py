@@ -15,6 +15,26 @@ from apps.broker.models import (
 )
 from apps.broker.services.consuming import Received
 
+_renderers: dict[type[serializers.Serializer[Any]], serializers.Serializer[Any]] = {}
+
+
+def render(serializer_class: type[serializers.Serializer[Any]], instance: Any) -> dict[str, Any]:
+    """`serializer_class(instance).data`, by one instance of the serializer per process: building
+    a serializer deep-copies its declared fields (a fifth of a commit's web CPU, profiled);
+    representing an object with it changes nothing on it, so threads can share one."""
+    serializer = _renderers.get(serializer_class)
+    if serializer is None:
+        serializer = _renderers.setdefault(serializer_class, serializer_class())
+    return dict(serializer.to_representation(instance))
+
+
+def render_many(serializer_class: type[serializers.Serializer[Any]], items: Any) -> list[Any]:
+    """`serializer_class(items, many=True).data`, as `render` does it."""
+    return [render(serializer_class, item) for item in items]
+
+
+_DATETIME = serializers.DateTimeField()
+
 
 def body_fields(message: HalfMessage | CommitLogEntry) -> dict[str, str]:
     """A message goes out with the body field it came in with."""
@@ -96,7 +116,7 @@ class ResolutionOut(TransactionOut):
         data = dict(super().to_representation(instance.half))
         data["queue_offset"] = instance.entry.queue_offset if instance.entry else None
         when = instance.deliver_at
-        data["deliver_at"] = serializers.DateTimeField().to_representation(when) if when else None
+        data["deliver_at"] = _DATETIME.to_representation(when) if when else None
         return data
 
 

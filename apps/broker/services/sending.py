@@ -1,6 +1,8 @@
 """Appending visible messages to the commit log, and normal (non-transactional) sends."""
 
+import contextlib
 import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -127,6 +129,60 @@ def commit_log_append(
     )
 
 
+# Appends messages to one queue in one statement: takes as many offsets as there are messages
+# (the queue row stays locked until the transaction ends: see NEXT_QUEUE_OFFSET_SQL), inserts them
+# in the order given, and announces them with one NOTIFY whose payload ends with their number.
+# Composed of constants only; every value is bound by the server.
+APPEND_SQL = f"""
+WITH queue AS (
+    UPDATE broker_messagequeue SET next_offset = next_offset + %(n)s
+    WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s
+    RETURNING next_offset - %(n)s AS first_offset,
+        pg_notify('{RECEIVABLE_CHANNEL}',
+            concat_ws(' ', topic_id, queue_id, next_offset - %(n)s, %(n)s))
+)
+INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
+    body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
+SELECT m.msg_id, %(queue_id)s, m.tags, m.keys::jsonb, m.properties::jsonb, m.body,
+    m.body_is_binary, %(now)s, queue.first_offset + m.i - 1, m.producer_group, NULL, %(now)s,
+    %(topic_id)s
+FROM queue, unnest(%(msg_ids)s::varchar[], %(tags)s::varchar[], %(keys)s::text[],
+    %(properties)s::text[], %(bodies)s::bytea[], %(binary)s::bool[], %(groups)s::varchar[])
+    WITH ORDINALITY AS m(msg_id, tags, keys, properties, body, body_is_binary, producer_group, i)
+RETURNING msg_id, queue_offset
+"""  # noqa: S608
+
+
+def _append_to_queue(
+    topic: Topic,
+    queue_id: int,
+    msg_ids: list[str],
+    messages: list[OutgoingMessage],
+    now: datetime,
+) -> list[int]:
+    """The queue offsets of `messages`, appended to one queue in this order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            APPEND_SQL,
+            {
+                "n": len(messages),
+                "topic_id": topic.pk,
+                "queue_id": queue_id,
+                "now": now,
+                "msg_ids": msg_ids,
+                "tags": [m.tags for m in messages],
+                "keys": [json.dumps(m.keys) for m in messages],
+                "properties": [json.dumps(m.properties) for m in messages],
+                "bodies": [m.body for m in messages],
+                "binary": [m.body_is_binary for m in messages],
+                "groups": [m.producer_group for m in messages],
+            },
+        )
+        offsets = dict(cursor.fetchall())
+    assert len(offsets) == len(msg_ids), "every topic has a counter row per queue"  # noqa: S101
+    return [offsets[msg_id] for msg_id in msg_ids]
+
+
 @dataclass(frozen=True)
 class Sent:
     msg_id: str
@@ -206,9 +262,17 @@ def message_send_batch(
     queues = [queue_for(topic=topic, msg_id=msg_id) for msg_id in msg_ids]
     now = timezone.now()
     sent: list[Sent | None] = [None] * len(messages)
-    with transaction.atomic():
-        for i in sorted(range(len(messages)), key=lambda i: (queues[i], i)):
-            message, deliver_at = messages[i]
+    visible: dict[int, list[int]] = {}  # queue -> indexes of the batch, in batch order
+    for i in range(len(messages)):
+        if messages[i][1] is None:
+            visible.setdefault(queues[i], []).append(i)
+    # One statement, and so one transaction, when nothing is delayed and one queue is touched.
+    # (Inside a caller's transaction, a savepoint all the same: a duplicate msg_id, answered by
+    # message_send's retry, must not abort the caller's transaction.)
+    single = len(visible) == 1 and len(visible[queues[0]]) == len(messages)
+    alone = single and not connection.in_atomic_block
+    with contextlib.nullcontext() if alone else transaction.atomic():
+        for i, (message, deliver_at) in enumerate(messages):
             if deliver_at is not None:
                 delayed_store(
                     topic_id=topic.pk,
@@ -219,11 +283,17 @@ def message_send_batch(
                     born_at=now,
                 )
                 sent[i] = Sent(msg_ids[i], topic, queues[i], None, deliver_at)
-            else:
-                entry = commit_log_append(
-                    topic=topic, queue_id=queues[i], msg_id=msg_ids[i], message=message, born_at=now
-                )
-                sent[i] = Sent(msg_ids[i], topic, queues[i], entry.queue_offset, entry.stored_at)
+        for queue_id in sorted(visible):
+            indexes = visible[queue_id]
+            offsets = _append_to_queue(
+                topic,
+                queue_id,
+                [msg_ids[i] for i in indexes],
+                [messages[i][0] for i in indexes],
+                now,
+            )
+            for i, offset in zip(indexes, offsets, strict=True):
+                sent[i] = Sent(msg_ids[i], topic, queue_id, offset, now)
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_send_before_answer")
     return [item for item in sent if item is not None]

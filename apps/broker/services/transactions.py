@@ -271,20 +271,19 @@ def transaction_resolve_batch(
         # Lock: every row of the batch, in id order, before any is changed. Two batches over the
         # same transactions in opposite orders then queue up instead of deadlocking; a single
         # commit (one row, then its queue) never waits for a row the batch could be waiting on.
-        places = {
-            tid: (topic_id, queue_id)
-            for tid, topic_id, queue_id in HalfMessage.objects.select_for_update(of=("self",))
-            .filter(transaction_id__in=transaction_ids)
-            .order_by("pk")
-            .values_list("transaction_id", "topic_id", "queue_id")
-        }
+        halves = {half.transaction_id: half for half in _lock_all(transaction_ids)}
+
         # Then the commits take their queue rows in (topic, queue) order, like every appending
         # transaction (sending.message_send_batch, the delayed delivery scan).
-        for tid in sorted(transaction_ids, key=lambda tid: places.get(tid, (0, 0))):
+        def place(tid: uuid.UUID) -> tuple[int, int]:
+            half = halves.get(tid)
+            return (half.topic_id, half.queue_id) if half else (0, 0)
+
+        for tid in sorted(transaction_ids, key=place):
             try:
-                resolution = _resolve(tid, target, actor, reason, None, producer_groups)
-                outcomes[tid] = Outcome(tid, resolution, None)
-            except BrokerError as error:  # rolled back to _resolve's savepoint: nothing written
+                half = _owned(halves.get(tid), tid, producer_groups)
+                outcomes[tid] = Outcome(tid, _apply(half, target, actor, reason, None), None)
+            except BrokerError as error:  # raised before _apply wrote anything
                 outcomes[tid] = Outcome(tid, None, error)
     if commit and failpoints.ARMED:
         failpoints.hit_after_commit("after_commit_before_answer")
@@ -328,7 +327,18 @@ def _resolve(
     detail: dict[str, Any] | None,
     producer_groups: Collection[str] | None,
 ) -> Resolution:
-    half = _lock(transaction_id, producer_groups)
+    return _apply(_lock(transaction_id, producer_groups), target, actor, reason, detail)
+
+
+def _apply(
+    half: HalfMessage,
+    target: TransactionState,
+    actor: Actor,
+    reason: str,
+    detail: dict[str, Any] | None,
+) -> Resolution:
+    """`target` applied to a half message whose row the caller locked. A BrokerError is raised
+    before anything is written."""
     if half.state == target:
         # Same resolution again: same answer, nothing written (idempotent retries).
         entry = _entry_of(half)
@@ -450,7 +460,7 @@ _LOCK_SQL = (
     f"{rows.columns(ProducerGroup, 'g')} FROM broker_halfmessage h "
     "JOIN broker_topic t ON t.id = h.topic_id "
     "JOIN broker_producergroup g ON g.id = h.producer_group_id "
-    "WHERE h.transaction_id = %s FOR UPDATE OF h"
+    "WHERE {where} FOR UPDATE OF h"
 )
 
 
@@ -461,15 +471,31 @@ def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) ->
     # (the commit's hot path): the ORM's compilation of this query cost more CPU than the rest
     # of the commit together.
     with connection.cursor() as cursor:
-        cursor.execute(_LOCK_SQL, [transaction_id])
+        cursor.execute(_LOCK_SQL.format(where="h.transaction_id = %s"), [transaction_id])
         row = cursor.fetchone()
-    half = None
-    if row is not None:
-        half = rows.load(HalfMessage, row)
-        half.topic = rows.load(Topic, row, rows.width(HalfMessage))
-        half.producer_group = rows.load(
-            ProducerGroup, row, rows.width(HalfMessage) + rows.width(Topic)
+    return _owned(None if row is None else _half_of(row), transaction_id, producer_groups)
+
+
+def _lock_all(transaction_ids: list[uuid.UUID]) -> list[HalfMessage]:
+    """_lock for a batch: the rows locked in id order (the order every batch takes them in)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LOCK_SQL.format(where="h.transaction_id = ANY(%s::uuid[]) ORDER BY h.id"),
+            [transaction_ids],
         )
+        return [_half_of(row) for row in cursor.fetchall()]
+
+
+def _half_of(row: Any) -> HalfMessage:
+    half = rows.load(HalfMessage, row)
+    half.topic = rows.load(Topic, row, rows.width(HalfMessage))
+    half.producer_group = rows.load(ProducerGroup, row, rows.width(HalfMessage) + rows.width(Topic))
+    return half
+
+
+def _owned(
+    half: HalfMessage | None, transaction_id: uuid.UUID, producer_groups: Collection[str] | None
+) -> HalfMessage:
     if half is None or (
         producer_groups is not None and half.producer_group.name not in producer_groups
     ):

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.broker import failpoints
+from apps.broker import failpoints, rows
 from apps.broker.clock import db_now
 from apps.broker.models import (
     CommitLogEntry,
@@ -108,9 +108,24 @@ def _receive_once(
 ) -> list[Received]:
     # Nothing there (the common answer to a consumer that polls): said by one read, without the
     # row locks below, whose commit is a WAL flush (~10 ms here) per empty receive.
-    if not _anything_receivable(group, topic, timezone.now()):
+    now = timezone.now()
+    place = _receivable(group, topic, now)
+    if not place.anything:
         return []
-    return _receive_locked(group, topic, max_messages, invisible_seconds, tags)
+    return _receive_locked(group, topic, max_messages, invisible_seconds, tags, place)
+
+
+@dataclass(frozen=True)
+class Receivable:
+    """What one read found: cursors missing (a first receive), new offsets, expired deliveries."""
+
+    cursors_missing: bool
+    new: bool
+    expired: bool
+
+    @property
+    def anything(self) -> bool:
+        return self.cursors_missing or self.new or self.expired
 
 
 @transaction.atomic
@@ -120,13 +135,22 @@ def _receive_locked(
     max_messages: int,
     invisible_seconds: int,
     tags: frozenset[str] | None,
+    place: Receivable,
 ) -> list[Received]:
     now = timezone.now()
     invisible_until = now + timedelta(seconds=invisible_seconds)
-    received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
-    if len(received) < max_messages:
+    received: list[Received] = []
+    if place.expired:
+        received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
+    if len(received) < max_messages and (place.new or place.cursors_missing):
         received += _take_new(
-            group, topic, max_messages - len(received), invisible_until, tags, now
+            group,
+            topic,
+            max_messages - len(received),
+            invisible_until,
+            tags,
+            now,
+            place.cursors_missing,
         )
     return received
 
@@ -138,11 +162,11 @@ _RECEIVABLE_SQL = """
 SELECT (
     SELECT count(*) FROM broker_consumercursor
     WHERE group_id = %(group)s AND topic_id = %(topic)s
-) <> %(queues)s OR EXISTS (
+) <> %(queues)s, EXISTS (
     SELECT 1 FROM broker_consumercursor c
     JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
     WHERE c.group_id = %(group)s AND c.topic_id = %(topic)s AND q.next_offset > c.next_offset
-) OR EXISTS (
+), EXISTS (
     SELECT 1 FROM broker_delivery d
     WHERE d.group_id = %(group)s AND d.topic_id = %(topic)s AND d.state = 'INFLIGHT'
         AND d.invisible_until <= %(now)s
@@ -150,14 +174,19 @@ SELECT (
 """
 
 
-def _anything_receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> bool:
+def _receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> Receivable:
     with connection.cursor() as cursor:
         cursor.execute(
             _RECEIVABLE_SQL,
             {"group": group.pk, "topic": topic.pk, "queues": topic.queues, "now": now},
         )
         row = cursor.fetchone()
-    return bool(row and row[0])
+    assert row is not None  # noqa: S101 - a SELECT of three expressions has one row
+    return Receivable(bool(row[0]), bool(row[1]), bool(row[2]))
+
+
+def _anything_receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> bool:
+    return _receivable(group, topic, now).anything
 
 
 def _redeliver(
@@ -190,6 +219,32 @@ def _redeliver(
     return [Received(d, d.message) for d in deliveries]
 
 
+# Plain SQL from here to the end of _take_new: the hottest read path (issue 10, profiled).
+_CURSORS_SQL = (
+    "SELECT id, queue_id, next_offset FROM broker_consumercursor "
+    "WHERE group_id = %s AND topic_id = %s ORDER BY queue_id FOR UPDATE SKIP LOCKED"
+)
+_ENTRIES_SQL = (
+    f"SELECT {rows.columns(CommitLogEntry, 'e')} FROM broker_commitlogentry e "  # noqa: S608
+    "WHERE e.topic_id = %s AND e.queue_id = %s AND e.queue_offset >= %s "
+    "ORDER BY e.queue_offset LIMIT %s"
+)
+_DELIVERIES_SQL = """
+INSERT INTO broker_delivery (group_id, topic_id, message_id, state, attempts, invisible_until,
+    handle_token, first_received_at, last_received_at, acked_at, dlq_at)
+SELECT %(group)s, %(topic)s, m.message_id, %(state)s, 1, %(until)s, m.token, %(now)s, %(now)s,
+    NULL, NULL
+FROM unnest(%(messages)s::bigint[], %(tokens)s::varchar[])
+    WITH ORDINALITY AS m(message_id, token, i)
+ORDER BY m.i
+RETURNING id, message_id
+"""
+_MOVE_CURSORS_SQL = """
+UPDATE broker_consumercursor c SET next_offset = m.next_offset
+FROM unnest(%s::bigint[], %s::bigint[]) AS m(id, next_offset) WHERE c.id = m.id
+"""
+
+
 def _take_new(
     group: ConsumerGroup,
     topic: Topic,
@@ -197,43 +252,72 @@ def _take_new(
     invisible_until: datetime,
     tags: frozenset[str] | None,
     now: datetime,
+    cursors_missing: bool = True,
 ) -> list[Received]:
-    _ensure_cursors(group, topic)
+    if cursors_missing:
+        _ensure_cursors(group, topic)
     # Lock, SKIP LOCKED: two consumers of one group must not take the same offsets from a queue;
     # a consumer that finds a queue busy reads the other queues instead of waiting.
-    cursors = list(
-        ConsumerCursor.objects.select_for_update(skip_locked=True)
-        .filter(group=group, topic=topic)
-        .order_by("queue_id")
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_CURSORS_SQL, [group.pk, topic.pk])
+        cursors = cursor.fetchall()
     random.shuffle(cursors)  # noqa: S311 - fairness between queues, not security
-    received: list[Received] = []
-    for cursor in cursors:
-        if len(received) >= limit:
+    taken: list[CommitLogEntry] = []
+    moved: list[tuple[int, int]] = []  # (cursor id, its next offset)
+    for cursor_id, queue_id, next_offset in cursors:
+        if len(taken) >= limit:
             break
         # Offsets below the queue counter are all committed (see next_queue_offset), so reading
         # ">= cursor" in order can never step over a message that commits later.
-        batch = list(
-            CommitLogEntry.objects.filter(
-                topic=topic, queue_id=cursor.queue_id, queue_offset__gte=cursor.next_offset
-            ).order_by("queue_offset")[: limit - len(received)]
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_ENTRIES_SQL, [topic.pk, queue_id, next_offset, limit - len(taken)])
+            batch = [rows.load(CommitLogEntry, row) for row in cursor.fetchall()]
         if not batch:
             continue
-        wanted = [m for m in batch if tags is None or m.tags in tags]
-        for message in wanted:
-            message.topic = topic  # the answer names it: not one query per message
-        deliveries = [
-            Delivery(group=group, topic=topic, message=m, first_received_at=now) for m in wanted
-        ]
-        for delivery in deliveries:
-            _hand_out(delivery, invisible_until, now)
-        Delivery.objects.bulk_create(deliveries)
-        received += [Received(d, d.message) for d in deliveries]
         # Messages the tag expression filters out are passed over for this group, as in RocketMQ.
-        cursor.next_offset = batch[-1].queue_offset + 1
-        cursor.save(update_fields=["next_offset"])
-    return received
+        taken += [m for m in batch if tags is None or m.tags in tags]
+        moved.append((cursor_id, batch[-1].queue_offset + 1))
+    if not moved:
+        return []
+    deliveries = _insert_deliveries(group, topic, taken, invisible_until, now)
+    with connection.cursor() as cursor:
+        cursor.execute(_MOVE_CURSORS_SQL, [[m[0] for m in moved], [m[1] for m in moved]])
+    return [Received(d, d.message) for d in deliveries]
+
+
+def _insert_deliveries(
+    group: ConsumerGroup,
+    topic: Topic,
+    messages: list[CommitLogEntry],
+    invisible_until: datetime,
+    now: datetime,
+) -> list[Delivery]:
+    if not messages:
+        return []
+    deliveries = []
+    for message in messages:
+        message.topic = topic  # the answer names it: not one query per message
+        delivery = Delivery(group=group, topic=topic, message=message, first_received_at=now)
+        _hand_out(delivery, invisible_until, now)
+        deliveries.append(delivery)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _DELIVERIES_SQL,
+            {
+                "group": group.pk,
+                "topic": topic.pk,
+                "state": DeliveryState.INFLIGHT,
+                "until": invisible_until,
+                "now": now,
+                "messages": [m.pk for m in messages],
+                "tokens": [d.handle_token for d in deliveries],
+            },
+        )
+        ids = {message_id: pk for pk, message_id in cursor.fetchall()}
+    for delivery in deliveries:
+        delivery.pk = ids[delivery.message_id]
+        delivery._state.adding = False
+    return deliveries
 
 
 def _ensure_cursors(group: ConsumerGroup, topic: Topic) -> None:

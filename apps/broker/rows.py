@@ -19,7 +19,7 @@ M = TypeVar("M", bound=models.Model)
 @cache
 def _fields(model: type[models.Model]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     fields = model._meta.concrete_fields
-    return tuple(f.column for f in fields), tuple(f.attname for f in fields)
+    return tuple(str(f.column) for f in fields), tuple(f.attname for f in fields)
 
 
 @cache

@@ -2,6 +2,7 @@
 connection and still catches one that Postgres closed."""
 
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,7 +21,7 @@ def _own_connection() -> psycopg.Connection:
     return psycopg.connect(**params, autocommit=True)
 
 
-def _queries_run(conn: psycopg.Connection, pid: int) -> int:
+def _queries_run(conn: psycopg.Connection, pid: int) -> Any:
     # pg_stat_activity.query_start of the pid: it moves whenever that backend runs a statement.
     with connection.cursor() as cursor:
         cursor.execute("SELECT query_start FROM pg_stat_activity WHERE pid = %s", [pid])

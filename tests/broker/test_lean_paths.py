@@ -1,0 +1,146 @@
+"""The lean hot path (issue 10, docs/decisions/0025) answers exactly what the ORM and fresh DRF
+serializers answered: plain-SQL loads equal ORM loads, shared output serializers render what a
+new one renders, and a per-thread input serializer reused after a 400 validates like a new one."""
+
+import threading
+from typing import Any
+
+import pytest
+from rest_framework.exceptions import ValidationError
+from rest_framework.test import APIClient
+
+from apps.broker import rows, selectors
+from apps.broker.api import output
+from apps.broker.api import serializers as inputs
+from apps.broker.api.views import validated
+from apps.broker.models import CommitLogEntry, ConsumerGroup, HalfMessage, ProducerGroup, Topic
+from apps.broker.services import consuming
+from tests.helpers import expect
+
+
+def _fields(instance: Any) -> dict[str, Any]:
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+def _send_and_receive(api: APIClient) -> list[consuming.Received]:
+    for n, body in enumerate(["text", None]):
+        message: dict[str, Any] = {"body": body} if body else {"body_base64": "AAEC/w=="}
+        expect(
+            api.post(
+                "/api/v1/topics/orders/messages",
+                {
+                    "producer_group": "order-service",
+                    **message,
+                    "tags": f"t{n}",
+                    "keys": ["k1", "k2"],
+                    "properties": {"p": "v", "é": "ü"},
+                },
+                format="json",
+            ),
+            201,
+        )
+    return consuming.message_receive(
+        group=ConsumerGroup.objects.get(name="billing"),
+        topic=Topic.objects.get(name="orders"),
+        max_messages=10,
+        invisible_seconds=30,
+    )
+
+
+@pytest.mark.django_db
+def test_plain_sql_loads_equal_orm_loads(api: APIClient, setup_topic: Any) -> None:
+    setup_topic()
+    tid = expect(
+        api.post(
+            "/api/v1/transactions",
+            {
+                "producer_group": "order-service",
+                "topic": "orders",
+                "body": "x",
+                "keys": ["a"],
+                "properties": {"k": "v"},
+                "check_immunity_seconds": 90,
+                "delay_level": 2,
+            },
+            format="json",
+        ),
+        201,
+    )["transaction_id"]
+    half = HalfMessage.objects.get(transaction_id=tid)
+    assert _fields(rows.one_by(HalfMessage, "transaction_id", half.transaction_id)) == _fields(half)
+    for model, name in ((Topic, "orders"), (ProducerGroup, "order-service")):
+        assert _fields(rows.one_by(model, "name", name)) == _fields(model.objects.get(name=name))
+    assert _fields(selectors.consumer_group_get(name="billing")) == _fields(
+        ConsumerGroup.objects.get(name="billing")
+    )
+    received = _send_and_receive(api)
+    assert len(received) == 2
+    for item in received:
+        assert _fields(item.message) == _fields(CommitLogEntry.objects.get(pk=item.message.pk))
+        stored = item.delivery.__class__.objects.get(pk=item.delivery.pk)
+        assert _fields(item.delivery) == _fields(stored)
+
+
+@pytest.mark.django_db
+def test_shared_output_serializers_render_what_new_ones_render(
+    api: APIClient, setup_topic: Any
+) -> None:
+    setup_topic()
+    received = _send_and_receive(api)
+    assert output.render_many(output.ReceivedOut, received) == [
+        dict(d) for d in output.ReceivedOut(received, many=True).data
+    ]
+    half = HalfMessage.objects.select_related("topic", "producer_group").first()
+    if half is None:
+        expect(
+            api.post(
+                "/api/v1/transactions",
+                {"producer_group": "order-service", "topic": "orders", "body": "x"},
+                format="json",
+            ),
+            201,
+        )
+        half = HalfMessage.objects.select_related("topic", "producer_group").get()
+    assert output.render(output.PreparedOut, half) == dict(output.PreparedOut(half).data)
+
+
+def test_a_reused_input_serializer_validates_like_a_new_one() -> None:
+    cases: list[Any] = [
+        {"producer_group": "g", "topic": "t", "body": "x"},
+        {"producer_group": "g", "topic": "t", "body": 12},
+        {"producer_group": "g", "topic": "t", "body": "x", "tagz": "a"},
+        {"producer_group": "g", "topic": "t", "body_base64": "AA=="},
+        [],
+        None,
+        {"producer_group": "g", "topic": "t", "body": "x", "delay_level": 3},
+    ]
+
+    def fresh(data: Any) -> Any:
+        serializer = inputs.TransactionIn(data=data)
+        if serializer.is_valid():
+            return ("ok", dict(serializer.validated_data))
+        return ("400", serializer.errors)
+
+    def reused(data: Any) -> Any:
+        try:
+            return ("ok", validated(inputs.TransactionIn, data))
+        except ValidationError as error:
+            return ("400", error.detail)
+
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(3):  # the same thread's serializer, after every kind of answer
+                results.append([reused(data) == fresh(data) for data in cases])
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results == [[True] * len(cases)] * 12

@@ -190,10 +190,6 @@ def _receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> Receivable
     return Receivable(bool(row[0]), bool(row[1]), bool(row[2]))
 
 
-def _anything_receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> bool:
-    return _receivable(group, topic, now).anything
-
-
 def _redeliver(
     group: ConsumerGroup,
     topic: Topic,

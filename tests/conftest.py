@@ -19,6 +19,7 @@ import requests
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from apps.broker import config_cache
 from apps.broker.services import registry
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
@@ -36,6 +37,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+def fresh_configuration_epoch() -> None:
+    """Each test's database starts over (a rollback or a flush, which no service sees): a new
+    configuration epoch, so no web process uses a token, group or topic it cached in an earlier
+    test (apps/broker/config_cache.py)."""
+    config_cache.forget()
+    config_cache.changed()
 
 
 def client_for(*scopes: str, name: str = "test") -> APIClient:

@@ -226,6 +226,9 @@ CACHES = {
     }
 }
 TXHUB_THROTTLE_CACHE = "default"
+# Tokens, groups, topics and bindings kept per web process, checked against an epoch in that
+# cache on every request (docs/decisions/0026); this long at most whatever the epoch says. 0: off.
+TXHUB_CONFIG_CACHE_SECONDS = env_float("TXHUB_CONFIG_CACHE_SECONDS", 10.0)
 # Per API token, DRF's syntax ("2000/s", "100/min"); "0" or empty turns rate limiting off.
 TXHUB_THROTTLE_RATE = env_str("TXHUB_THROTTLE_RATE", "2000/s").strip()
 if TXHUB_THROTTLE_RATE in {"", "0"} or TXHUB_THROTTLE_RATE.startswith("0/"):

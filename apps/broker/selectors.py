@@ -1,6 +1,7 @@
 """Reads shared by the API and the console."""
 
 import contextlib
+import copy
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
@@ -10,7 +11,7 @@ from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from apps.broker import rows
+from apps.broker import config_cache, rows
 from apps.broker.models import (
     CommitLogEntry,
     ConsumerCursor,
@@ -28,9 +29,19 @@ from apps.broker.models import (
 )
 from apps.broker.services.errors import Forbidden, NotFound
 
+# The lookups every send, prepare and receive makes take `epoch`: the API request's
+# configuration epoch (api/auth.py). With one, what they found is kept per process under it
+# (config_cache.py) and each caller gets its own copy; without one (console, workers, gRPC), a
+# plain query as before.
 
-def topic_get(*, name: str) -> Topic:
-    topic = rows.one_by(Topic, "name", name)  # plain SQL: on every send, prepare and receive
+
+def _kept(epoch: str | None, key: tuple[str, ...], load: Any) -> Any:
+    found = config_cache.read(epoch, key, load)
+    return copy.copy(found) if epoch is not None and found is not None else found
+
+
+def topic_get(*, name: str, epoch: str | None = None) -> Topic:
+    topic: Topic | None = _kept(epoch, ("topic", name), lambda: rows.one_by(Topic, "name", name))
     if topic is None:
         raise NotFound(f"Topic {name!r} does not exist.", topic=name)
     return topic
@@ -50,21 +61,27 @@ def topics_queue_offsets(*, topics: Collection[Topic]) -> dict[int, list[dict[st
     return offsets
 
 
-def producer_group_get(*, name: str) -> ProducerGroup:
-    group = rows.one_by(ProducerGroup, "name", name)
+def producer_group_get(*, name: str, epoch: str | None = None) -> ProducerGroup:
+    group: ProducerGroup | None = _kept(
+        epoch, ("producer_group", name), lambda: rows.one_by(ProducerGroup, "name", name)
+    )
     if group is None:
         raise NotFound(f"Producer group {name!r} does not exist.", producer_group=name)
     return group
 
 
-def consumer_group_get(*, name: str) -> ConsumerGroup:
-    group = rows.one_by(ConsumerGroup, "name", name)
+def consumer_group_get(*, name: str, epoch: str | None = None) -> ConsumerGroup:
+    group: ConsumerGroup | None = _kept(
+        epoch, ("consumer_group", name), lambda: rows.one_by(ConsumerGroup, "name", name)
+    )
     if group is None:
         raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
     return group
 
 
-def topic_allowed(*, kind: Literal["produce", "consume"], group: str, topic: str) -> None:
+def topic_allowed(
+    *, kind: Literal["produce", "consume"], group: str, topic: str, epoch: str | None = None
+) -> None:
     """403 if the group is bound to topics and `topic` is not one of them (docs/decisions/0010).
 
     The one check of topic bindings, for send, prepare and receive. A group bound to nothing (or
@@ -72,9 +89,18 @@ def topic_allowed(*, kind: Literal["produce", "consume"], group: str, topic: str
     topic exists plays no part, so a 403 tells a bound group nothing about other topics.
     """
     owner = "producer" if kind == "produce" else "consumer"
-    # One plain query (on every send, prepare and receive); compared here rather than in SQL, so
-    # a topic name from the URL never reaches the database before it has been checked (a NUL
-    # byte, say, is simply not among the names). Table names are constants.
+    names = config_cache.read(epoch, ("bound", owner, group), lambda: _bound_topics(owner, group))
+    if names and topic not in names:
+        raise Forbidden(
+            f"{owner.capitalize()} group {group!r} is not bound to topic {topic!r}.",
+            **{f"{owner}_group": group, "topic": topic},
+        )
+
+
+def _bound_topics(owner: str, group: str) -> frozenset[str]:
+    # One plain query; compared by the caller rather than in SQL, so a topic name from the URL
+    # never reaches the database before it has been checked (a NUL byte, say, is simply not among
+    # the names). Table names are constants.
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT t.name FROM broker_{owner}group_topics b "  # noqa: S608
@@ -82,12 +108,7 @@ def topic_allowed(*, kind: Literal["produce", "consume"], group: str, topic: str
             "JOIN broker_topic t ON t.id = b.topic_id WHERE g.name = %s",
             [group],
         )
-        names = {row[0] for row in cursor.fetchall()}
-    if names and topic not in names:
-        raise Forbidden(
-            f"{owner.capitalize()} group {group!r} is not bound to topic {topic!r}.",
-            **{f"{owner}_group": group, "topic": topic},
-        )
+        return frozenset(row[0] for row in cursor.fetchall())
 
 
 def topic_readable(*, consumer_groups: Collection[str], topic: Topic) -> bool:

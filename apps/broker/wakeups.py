@@ -16,15 +16,27 @@ which (topic, group) pairs have something receivable (a queue beyond the group's
 in-flight message whose invisible time ran out: an expiry is the passage of time, which nobody
 could NOTIFY) and wakes that many waiters. An idle process with no waiter asks nothing.
 
-Everything here runs on the event loop's thread, except `seen()`, which the receive view reads
-from a worker thread (a dict read: atomic under the GIL).
+Known empty (docs/decisions/0026): a consumer that long-polls an empty topic asks again each time
+its wait ends; 500 of them at `wait_seconds` 5 are 100 receives a second that would each ask
+Postgres what it just answered. When a try found nothing receivable, the hub remembers it for the
+(topic, group), with the topic's wake-up count and the connection's generation read before the
+try. A later receive that would wait skips its first try while the count and generation are
+unchanged (no NOTIFY for the topic since, no gap in listening) and the note is younger than twice
+the fallback period; it waits at once, exactly as a woken-and-unlucky waiter would. The fallback
+check renews the notes of the pairs it found empty. What no NOTIFY announces (an invisible time
+running out) reaches such a receive by the fallback check, as it reaches every waiter.
+
+Everything here runs on the event loop's thread, except `seen()`, `mark()`, `known_empty()` and
+`note_empty()`, which the receive view calls from a worker thread (single dict reads and writes:
+atomic under the GIL).
 """
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from django.conf import settings
@@ -68,13 +80,25 @@ class Waiter:
         self.event = asyncio.Event()
 
 
+class Mark(NamedTuple):
+    """What the hub knew before a try: the topic's wake-up count, whether it listened, and the
+    generation of its connection (a new one after every gap in listening)."""
+
+    seen: int
+    listening: bool
+    generation: int
+
+
 class Hub:
     def __init__(self) -> None:
         # topic -> group -> waiters, oldest first (a dict keeps insertion order).
         self._waiting: dict[int, dict[int, dict[Waiter, None]]] = {}
         self._seen: dict[int, int] = {}
+        # (topic, group) -> (seen, generation, monotonic time it expires): found empty then.
+        self._empty: dict[tuple[int, int], tuple[int, int, float]] = {}
         self._task: asyncio.Task[None] | None = None
         self.listening = False
+        self.generation = 0
         self.checks = 0  # fallback checks done (tests and the bench read it through logs)
 
     # --- waiters (event loop) ------------------------------------------------------------------
@@ -82,6 +106,28 @@ class Hub:
     def seen(self, topic_id: int) -> int:
         """How many wake-ups for the topic this process has seen (read from any thread)."""
         return self._seen.get(topic_id, 0)
+
+    def mark(self, topic_id: int) -> Mark:
+        """Read before a try whose emptiness may be noted (`note_empty`)."""
+        return Mark(self.seen(topic_id), self.listening, self.generation)
+
+    def note_empty(self, topic_id: int, group_id: int, mark: Mark) -> None:
+        """A try that started at `mark` found nothing receivable for the group."""
+        if mark.listening and mark.generation == self.generation:
+            until = time.monotonic() + 2 * _fallback()
+            self._empty[(topic_id, group_id)] = (mark.seen, mark.generation, until)
+
+    def known_empty(self, topic_id: int, group_id: int) -> bool:
+        """Nothing receivable, as far as this process can tell without asking Postgres: a try
+        found nothing, and since then no wake-up for the topic and no gap in listening."""
+        note = self._empty.get((topic_id, group_id))
+        return (
+            note is not None
+            and self.listening
+            and note[1] == self.generation
+            and note[0] == self.seen(topic_id)
+            and time.monotonic() < note[2]
+        )
 
     def register(self, topic_id: int, group_id: int) -> Waiter:
         self._start()
@@ -159,6 +205,9 @@ class Hub:
             except Exception as error:  # noqa: BLE001 - any failure: reconnect, never die
                 logger.warning("long-poll wake-ups: %s; reconnecting in %.1f s", error, delay)
             finally:
+                # Notifications may be missed from here on: nothing noted empty stays so.
+                self.generation += 1
+                self._empty.clear()
                 if self.listening:
                     # Waiters poll on their own (long_poll.py) until the hub listens again.
                     self.listening = False
@@ -182,9 +231,15 @@ class Hub:
         if not pairs:
             return
         self.checks += 1
+        marks = {topic_id: self.mark(topic_id) for topic_id, _ in pairs}
         cursor = await conn.execute(RECEIVABLE_SQL, ([p[0] for p in pairs], [p[1] for p in pairs]))
+        found = set()
         for topic_id, group_id, count in await cursor.fetchall():
+            found.add((int(topic_id), int(group_id)))
             self.wake(int(topic_id), int(count), group_id=int(group_id))
+        for topic_id, group_id in pairs:
+            if (topic_id, group_id) not in found:
+                self.note_empty(topic_id, group_id, marks[topic_id])
 
 
 def _conninfo() -> str:

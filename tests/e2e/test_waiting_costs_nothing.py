@@ -325,3 +325,157 @@ def test_300_trickling_requests_do_not_stop_a_normal_request(web: Any) -> None:
 
     slowest = asyncio.run(run())
     assert slowest < 1.0, f"a normal request took {slowest:.2f} s beside 300 trickling ones"
+
+
+def settled_transactions() -> int:
+    """Transactions on the test database so far, every session's (each query outside a
+    transaction block is one). A backend that goes idle reports its counts up to 10 s later
+    (PostgreSQL's PGSTAT_IDLE_INTERVAL): this waits that long, with nothing asking in the meantime,
+    and reads from another database so that its own read is not counted."""
+    import psycopg
+
+    connection.close()  # this test's own session: its counts are reported as it ends
+    time.sleep(11)
+    db = connection.settings_dict
+    with psycopg.connect(
+        dbname="postgres", user=db["USER"], host=db["HOST"], port=db["PORT"], autocommit=True
+    ) as other:
+        row = other.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [db["NAME"]],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.fixture
+def web_long_cache(transactional_db: None) -> Iterator[tuple[int, dict[str, str]]]:
+    """Cached configuration kept 120 s: none of it expires while the test below waits for
+    Postgres's counts to settle."""
+    yield from serve(TXHUB_CONFIG_CACHE_SECONDS="120")
+
+
+async def receive_again_and_again(
+    port: int, headers: dict[str, str], consumers: int, wait: int, keep_going: Any
+) -> list[int]:
+    """`consumers` consumers, each asking again as soon as it is answered, while `keep_going()`."""
+
+    async def one() -> list[int]:
+        statuses: list[int] = []
+        while keep_going(len(statuses)):
+            status, _, _ = await http(
+                port,
+                "POST",
+                "/api/v1/consumer-groups/billing/receive",
+                headers,
+                {"topic": "idle", "wait_seconds": wait},
+            )
+            statuses.append(status)
+        return statuses
+
+    answers = await asyncio.gather(*(one() for _ in range(consumers)))
+    return [status for statuses in answers for status in statuses]
+
+
+@pytest.mark.timeout(120)
+def test_consumers_asking_again_on_an_empty_topic_cost_postgres_almost_nothing(
+    web_long_cache: Any,
+) -> None:
+    # Docs/decisions/0026: the token, group, topic and binding come from each process's cache,
+    # and the try is skipped while the hub knows the pair is empty. Without both, each of these
+    # receives is 5 or more queries.
+    port, headers = web_long_cache
+    consumers, rounds = 50, 4
+    # A few consumers that never stop (as in production): each web process keeps waiters, so its
+    # fallback check keeps renewing what it knows to be empty while the counts settle.
+    stop = threading.Event()
+    background: list[int] = []
+
+    def steady() -> None:
+        background.extend(
+            asyncio.run(receive_again_and_again(port, headers, 8, 3, lambda _: not stop.is_set()))
+        )
+
+    steady_thread = threading.Thread(target=steady)
+    steady_thread.start()
+    try:
+        warm = asyncio.run(receive_again_and_again(port, headers, consumers, 1, lambda n: n < 2))
+        assert set(warm) == {200}
+        before = settled_transactions()
+        answers = asyncio.run(
+            receive_again_and_again(port, headers, consumers, 1, lambda n: n < rounds)
+        )
+        assert answers == [200] * (consumers * rounds)
+    finally:
+        stop.set()
+        steady_thread.join()
+    assert background
+    assert set(background) == {200}
+    spent = settled_transactions() - before
+    # 200 receives over ~4 s, and the steady consumers' for ~8 s more: what is left is the fallback
+    # checks (one a second per web process while it has waiters). A receive that read anything
+    # would be 5 x 200 = 1000.
+    assert spent < consumers * rounds / 4, f"{spent} transactions for {consumers * rounds} receives"
+
+
+def test_a_revoked_token_and_a_new_binding_hold_at_once_on_every_web_process(web: Any) -> None:
+    port, admin = web
+    _, raw = registry.token_create(name="consumer", scopes=["consume:billing"])
+    consumer = {"Authorization": f"Bearer {raw}"}
+    body = {"topic": "idle"}
+    path = "/api/v1/consumer-groups/billing/receive"
+
+    def on_new_connections(headers: dict[str, str], times: int = 20) -> list[int]:
+        # A connection each: the web processes take turns accepting them.
+        async def all_of_them() -> list[Any]:
+            return await asyncio.gather(
+                *(http(port, "POST", path, headers, body) for _ in range(times))
+            )
+
+        return [status for status, _, _ in asyncio.run(all_of_them())]
+
+    assert on_new_connections(consumer) == [200] * 20  # every process keeps token and group
+    status, _, _ = asyncio.run(
+        http(port, "PUT", "/api/v1/consumer-groups/billing/topics", admin, {"topics": ["busy"]})
+    )
+    assert status == 200
+    assert on_new_connections(consumer) == [403] * 20
+    token = registry.token_create(name="revoked", scopes=["consume:billing"])
+    revoked = {"Authorization": f"Bearer {token[1]}"}
+    status, _, _ = asyncio.run(
+        http(port, "PUT", "/api/v1/consumer-groups/billing/topics", admin, {"topics": []})
+    )
+    assert status == 200
+    assert on_new_connections(revoked) == [200] * 20
+    answer = requests.delete(
+        f"http://127.0.0.1:{port}/api/v1/tokens/{token[0].pk}", headers=admin, timeout=10
+    )
+    assert answer.status_code == 204, answer.text
+    assert on_new_connections(revoked) == [401] * 20
+
+
+def test_a_consumer_asking_again_gets_a_message_whose_invisible_time_ran_out(web: Any) -> None:
+    # No NOTIFY announces an expiry: the hub's fallback check finds it, and wakes a receive that
+    # skipped its try because the pair was known empty.
+    port, headers = web
+    sending.message_send(
+        topic=Topic.objects.get(name="idle"),
+        message=sending.OutgoingMessage(producer_group="shop", body=b"again", body_is_binary=False),
+    )
+    path = f"http://127.0.0.1:{port}/api/v1/consumer-groups/billing/receive"
+    first = requests.post(
+        path, headers=headers, json={"topic": "idle", "invisible_seconds": 10}, timeout=10
+    ).json()["messages"]
+    assert [m["body"] for m in first] == ["again"]
+    received_at = time.monotonic()
+    again: list[Any] = []
+    while not again and time.monotonic() - received_at < 30:
+        answer = requests.post(
+            path, headers=headers, json={"topic": "idle", "wait_seconds": 3}, timeout=10
+        )
+        assert answer.status_code == 200, answer.text
+        again = answer.json()["messages"]
+    assert [m["body"] for m in again] == ["again"]
+    assert again[0]["delivery_attempt"] == 2
+    # Visible again after 10 s; found within a fallback period (1 s) and a margin.
+    assert time.monotonic() - received_at < 10 + 4

@@ -2,6 +2,8 @@
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
 
 from django.db import connection
 from django.utils import timezone
@@ -9,6 +11,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
+from apps.broker import config_cache
 from apps.broker.services.registry import hash_token
 
 
@@ -20,6 +23,9 @@ class TokenUser:
     name: str
     scopes: frozenset[str]
     is_authenticated: bool = True
+    # The configuration epoch read at the start of this request: the selectors' cache key
+    # (apps/broker/config_cache.py). None: read everything from Postgres.
+    config_epoch: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -47,22 +53,39 @@ class BearerTokenAuthentication(BaseAuthentication):
                 "The Authorization header must be 'Bearer <token>'."
             )
         raw = parts[1].decode("latin-1")
-        # Looked up on every request: a revoked token fails at once, on every web process.
-        # Plain SQL: this runs on every request, and the ORM would cost ~5x the CPU here.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, name, scopes FROM broker_apitoken "
-                "WHERE token_hash = %s AND (revoked_at IS NULL OR revoked_at > %s)",
-                [hash_token(raw), timezone.now()],
-            )
-            row = cursor.fetchone()
-        if row is None:
+        # The epoch first: a token revoked before it was read is loaded anew (config_cache.py),
+        # so a revocation holds at once on every web process.
+        epoch = config_cache.current()
+        hashed = hash_token(raw)
+        token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
+        if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
             raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
-        scopes = row[2] if isinstance(row[2], list) else json.loads(row[2])
-        return TokenUser(row[0], row[1], frozenset(scopes)), row[0]
+        return TokenUser(token.id, token.name, token.scopes, config_epoch=epoch), token.id
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="txhub"'
+
+
+class _Token(NamedTuple):
+    id: int
+    name: str
+    scopes: frozenset[str]
+    revoked_at: datetime | None  # in the future: a scheduled revocation
+
+
+def _token_by_hash(hashed: str) -> _Token | None:
+    # Plain SQL: this runs on every request the cache cannot answer, and the ORM would cost ~5x
+    # the CPU here.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, name, scopes, revoked_at FROM broker_apitoken WHERE token_hash = %s",
+            [hashed],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    scopes = row[2] if isinstance(row[2], list) else json.loads(row[2])
+    return _Token(row[0], row[1], frozenset(scopes), row[3])
 
 
 def require(request: Request, kind: str, group: str) -> TokenUser:

@@ -19,6 +19,7 @@ from apps.broker.api.errors import error_body
 from apps.broker.api.views import (
     ERRORS,
     IDEMPOTENCY_KEY,
+    epoch,
     precheck_large_body,
     producer_actor,
     stored_once,
@@ -57,9 +58,10 @@ class SendBatchView(APIView):
             )
             for item in data["messages"]
         ]
-        selectors.topic_allowed(kind="produce", group=group_name, topic=topic)
-        topic_row = selectors.topic_get(name=topic)
-        group = selectors.producer_group_get(name=group_name)
+        at = epoch(request)
+        selectors.topic_allowed(kind="produce", group=group_name, topic=topic, epoch=at)
+        topic_row = selectors.topic_get(name=topic, epoch=at)
+        group = selectors.producer_group_get(name=group_name, epoch=at)
 
         def send() -> dict[str, Any]:
             sent = sending.message_send_batch(topic=topic_row, messages=messages)
@@ -86,9 +88,10 @@ class PrepareBatchView(APIView):
             delivery.delivery_time(
                 delay_level=item.get("delay_level"), deliver_at=item.get("deliver_at"), start=start
             )
-        selectors.topic_allowed(kind="produce", group=group_name, topic=data["topic"])
-        topic = selectors.topic_get(name=data["topic"])
-        group = selectors.producer_group_get(name=group_name)
+        at = epoch(request)
+        selectors.topic_allowed(kind="produce", group=group_name, topic=data["topic"], epoch=at)
+        topic = selectors.topic_get(name=data["topic"], epoch=at)
+        group = selectors.producer_group_get(name=group_name, epoch=at)
         items = [
             Prepared(
                 message=item["message"],

@@ -14,11 +14,12 @@ import time
 from typing import Any, cast
 
 from django.conf import settings
-from django.core.cache import caches
 from django.core.cache.backends.base import BaseCache
 from django.core.cache.backends.redis import RedisCache
 from rest_framework.request import Request
 from rest_framework.throttling import SimpleRateThrottle
+
+from apps.broker import shared_cache
 
 logger = logging.getLogger(__name__)
 
@@ -28,32 +29,8 @@ OUTAGE_LOG_INTERVAL = 10.0
 _last_outage_log = 0.0
 
 
-_caches: dict[tuple[str, str], BaseCache] = {}
-
-
 def _throttle_cache() -> BaseCache:
-    """One cache client per process (thread-safe: redis-py pools its connections). Django's
-    `caches[...]` is per context, and under ASGI every request runs in a context of its own: it
-    would connect to Redis anew for each request (a fifth of a send's web CPU, measured)."""
-    alias = settings.TXHUB_THROTTLE_CACHE
-    key = (alias, str(settings.CACHES[alias].get("LOCATION")))
-    cache = _caches.get(key)
-    if cache is None:
-        cache = _caches.setdefault(key, caches.create_connection(alias))
-    return cache
-
-
-_redis_clients: dict[int, Any] = {}
-
-
-def _redis_client(cache: RedisCache) -> Any:
-    """One redis-py client per cache object. Django's `get_client` builds a new `Redis` on every
-    call (its ~200 response callbacks set up anew: a tenth of a request's web CPU, profiled); the
-    client is thread-safe and shares the cache's connection pool."""
-    client = _redis_clients.get(id(cache))
-    if client is None:
-        client = _redis_clients.setdefault(id(cache), cache._cache.get_client(write=True))
-    return client
+    return shared_cache.cache_of(settings.TXHUB_THROTTLE_CACHE)
 
 
 class TokenRateThrottle(SimpleRateThrottle):
@@ -107,7 +84,7 @@ class TokenRateThrottle(SimpleRateThrottle):
             # own connection pool. Django's portable incr below costs two or three (EXISTS,
             # INCRBY, and `add` for a new window).
             full_key = cache.make_and_validate_key(key)
-            pipeline = _redis_client(cache).pipeline(transaction=False)
+            pipeline = shared_cache.redis_client(cache).pipeline(transaction=False)
             pipeline.incr(full_key)
             pipeline.expire(full_key, timeout)
             count, _ = pipeline.execute()

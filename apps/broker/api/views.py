@@ -84,6 +84,11 @@ def token_user(request: Request) -> TokenUser:
     return request.user  # type: ignore[return-value]
 
 
+def epoch(request: Request) -> str | None:
+    """The configuration epoch this request's auth read: the key of the cached lookups."""
+    return token_user(request).config_epoch
+
+
 def producer_actor(request: Request) -> Actor:
     return Actor(Resolver.PRODUCER, token_user(request).name)
 
@@ -298,9 +303,10 @@ class TopicMessagesView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
-        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=topic)
-        topic_row = selectors.topic_get(name=topic)
-        group = selectors.producer_group_get(name=data["producer_group"])
+        at = epoch(request)
+        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=topic, epoch=at)
+        topic_row = selectors.topic_get(name=topic, epoch=at)
+        group = selectors.producer_group_get(name=data["producer_group"], epoch=at)
 
         def send() -> dict[str, Any]:
             sent = sending.message_send(
@@ -330,9 +336,12 @@ class TransactionListView(APIView):
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
         )
-        selectors.topic_allowed(kind="produce", group=data["producer_group"], topic=data["topic"])
-        topic = selectors.topic_get(name=data["topic"])
-        group = selectors.producer_group_get(name=data["producer_group"])
+        at = epoch(request)
+        selectors.topic_allowed(
+            kind="produce", group=data["producer_group"], topic=data["topic"], epoch=at
+        )
+        topic = selectors.topic_get(name=data["topic"], epoch=at)
+        group = selectors.producer_group_get(name=data["producer_group"], epoch=at)
 
         def prepare() -> dict[str, Any]:
             half = transactions.transaction_prepare(
@@ -444,7 +453,7 @@ class MessageDetailView(APIView):
 
 def consumer_group(request: Request, name: str) -> ConsumerGroup:
     require(request, "consume", name)
-    return selectors.consumer_group_get(name=name)
+    return selectors.consumer_group_get(name=name, epoch=epoch(request))
 
 
 class ReceiveView(APIView):
@@ -456,22 +465,30 @@ class ReceiveView(APIView):
         precheck_large_body(request, "consume", group)
         data = validated(inputs.ReceiveIn, request.data)
         group_row = consumer_group(request, group)
-        selectors.topic_allowed(kind="consume", group=group, topic=data["topic"])
-        topic = selectors.topic_get(name=data["topic"])
+        at = epoch(request)
+        selectors.topic_allowed(kind="consume", group=group, topic=data["topic"], epoch=at)
+        topic = selectors.topic_get(name=data["topic"], epoch=at)
         # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
         # here one try, and a plan for the rest. Under WSGI the service itself polls.
-        wait_outside = data["wait_seconds"] > 0 and long_poll.may_wait_outside(request)
-        seen = long_poll.seen(topic.pk) if wait_outside else 0
-        received = consuming.message_receive(
+        if not (data["wait_seconds"] > 0 and long_poll.may_wait_outside(request)):
+            received = consuming.message_receive(
+                group=group_row,
+                topic=topic,
+                max_messages=data["max_messages"],
+                invisible_seconds=data["invisible_seconds"],
+                wait_seconds=data["wait_seconds"],
+                tags=data["tag_expression"],
+            )
+            return Response({"messages": output.render_many(output.ReceivedOut, received)})
+        received, seen = long_poll.first_try(
             group=group_row,
             topic=topic,
             max_messages=data["max_messages"],
             invisible_seconds=data["invisible_seconds"],
-            wait_seconds=0 if wait_outside else data["wait_seconds"],
             tags=data["tag_expression"],
         )
         response = Response({"messages": output.render_many(output.ReceivedOut, received)})
-        if wait_outside and not received:
+        if not received:
             plan = consuming.WaitPlan(
                 group=group_row,
                 topic=topic,

@@ -70,7 +70,7 @@ def message_receive(
     until something arrives or the time is up (long polling)."""
     deadline = time.monotonic() + wait_seconds
     while True:
-        received = _receive_once(group, topic, max_messages, invisible_seconds, tags)
+        received, _ = _receive_once(group, topic, max_messages, invisible_seconds, tags)
         remaining = deadline - time.monotonic()
         if received or remaining <= 0:
             return received
@@ -94,9 +94,23 @@ class WaitPlan:
 
 def receive_once(plan: WaitPlan) -> list[Received]:
     """One more try of a waiting receive (woken, or its fallback check found something)."""
-    return _receive_once(
+    received, _ = _receive_once(
         plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
     )
+    return received
+
+
+def message_receive_now(
+    *,
+    group: ConsumerGroup,
+    topic: Topic,
+    max_messages: int,
+    invisible_seconds: int,
+    tags: frozenset[str] | None = None,
+) -> tuple[list[Received], bool]:
+    """One try, no waiting: what was received, and whether anything at all was receivable (False:
+    no new offset, no expired delivery; the wake-up hub may remember that, api/long_poll.py)."""
+    return _receive_once(group, topic, max_messages, invisible_seconds, tags)
 
 
 def _receive_once(
@@ -105,14 +119,14 @@ def _receive_once(
     max_messages: int,
     invisible_seconds: int,
     tags: frozenset[str] | None,
-) -> list[Received]:
+) -> tuple[list[Received], bool]:
     # Nothing there (the common answer to a consumer that polls): said by one read, without the
     # row locks below, whose commit is a WAL flush (~10 ms here) per empty receive.
     now = timezone.now()
     place = _receivable(group, topic, now)
     if not place.anything:
-        return []
-    return _receive_locked(group, topic, max_messages, invisible_seconds, tags, place)
+        return [], False
+    return _receive_locked(group, topic, max_messages, invisible_seconds, tags, place), True
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import TypeVar
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from apps.broker import config_cache
 from apps.broker.models import (
     ApiToken,
     ConsumerGroup,
@@ -60,6 +61,7 @@ def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
     )
     if not updated:
         raise NotFound(f"Producer group {name!r} does not exist.")
+    config_cache.changed()  # an UPDATE sends no signal
     return ProducerGroup.objects.get(name=name)
 
 
@@ -101,6 +103,7 @@ def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerG
     )
     if not updated:
         raise NotFound(f"Consumer group {name!r} does not exist.")
+    config_cache.changed()  # an UPDATE sends no signal
     return ConsumerGroup.objects.get(name=name)
 
 
@@ -166,3 +169,6 @@ def token_revoke(*, token_id: int) -> None:
     )
     if not revoked and not ApiToken.objects.filter(id=token_id).exists():
         raise NotFound(f"Token {token_id} does not exist.")
+    # An UPDATE sends no signal. The web processes' cached tokens are stale from here on: a
+    # revoked token fails at once (docs/decisions/0026).
+    config_cache.changed()

@@ -111,7 +111,9 @@ def idle_cost(
     threads = [threading.Thread(target=wait_again_and_again, daemon=True) for _ in range(consumers)]
     for thread in threads:
         thread.start()
-    time.sleep(2)  # every consumer is waiting
+    # Every consumer is waiting, and what came before (set-up, the latency samples) has been
+    # counted: a backend that goes idle reports its counts up to 10 s later (PGSTAT_IDLE_INTERVAL).
+    time.sleep(12)
     q0, c0 = xacts(), cpu.sample(ROOT, data_dir)
     time.sleep(window)
     q1, c1 = xacts(), cpu.sample(ROOT, data_dir)
@@ -134,7 +136,7 @@ def main() -> None:
     parser.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TXHUB_PORT', '8000')}")
     parser.add_argument("--consumers", type=int, default=500)
     parser.add_argument("--samples", type=int, default=20)
-    parser.add_argument("--window", type=float, default=5)
+    parser.add_argument("--window", type=float, default=10)
     # With 5 s each consumer asks again every 5 s, so the window holds one wave of 500 new
     # receives; with 20 (the most a receive may wait) it holds none: the cost of waiting alone.
     parser.add_argument("--wait", type=int, default=WAIT, help="wait_seconds of each receive")

@@ -34,3 +34,26 @@ def test_beat_and_worker_move_an_exhausted_message_to_the_dlq(
     while time.monotonic() < deadline and Delivery.objects.get().state != "DLQ":
         time.sleep(0.3)
     assert Delivery.objects.get().state == "DLQ"
+
+
+CELERY_APP = "txhub-celery-test"
+
+
+def test_scans_reuse_their_workers_database_connections(start_celery: Any) -> None:
+    # Celery's Django fixup used to close every connection (and, in a prefork worker, Django's
+    # pool) around each task: each scan, several a second, started a new Postgres backend.
+    # Now a task gives its connection back to its process's pool (txhub/celery.py).
+    from tests.conftest import db_url_for_tests
+
+    start_celery(DATABASE_URL=f"{db_url_for_tests()}?application_name={CELERY_APP}")
+    backends: set[int] = set()
+    deadline = time.monotonic() + 5  # scans every 0.5 s (FAST): ~25 tasks
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [CELERY_APP]
+            )
+            backends |= {row[0] for row in cursor.fetchall()}
+        time.sleep(0.05)
+    # At most one per pool process of the scans worker (concurrency 4) that ran a task.
+    assert 0 < len(backends) <= 4, f"{len(backends)} backends for ~25 scans"

@@ -26,6 +26,7 @@ import requests
 import urllib3
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -213,7 +214,8 @@ def checkback_park_stale() -> int:
 
     Row by row: a row that cannot be read back is logged, counted and skipped (scans.py), and the
     claim that follows in the same scan still runs for every other group."""
-    cutoff = db_now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
+    # Postgres' clock, in the query itself (one statement a scan, not two).
+    cutoff = Now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
     stale = HalfMessage.objects.filter(state=State.PREPARED, born_at__lt=cutoff).exclude(
         pk__in=scans.skipped("checkback_park_stale")
     )

@@ -14,7 +14,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.broker import failpoints, rows
-from apps.broker.clock import db_now
 from apps.broker.models import (
     CommitLogEntry,
     ConsumeFrom,
@@ -376,14 +375,24 @@ def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: da
 
 def deliveries_expire() -> int:
     """Periodic: dead-letter every exhausted message, even in groups nobody receives from now."""
-    now = db_now()  # a worker's skewed clock must not expire what a consumer still holds
     ids = ConsumerGroup.objects.exclude(pk__in=scans.skipped("deliveries_expire")).values_list(
         "pk", flat=True
     )
-    # Group by group, each read on its own if one cannot be read back (scans.py); the UPDATE
-    # itself never reads a delivery's columns into Python.
+    # The groups are read back first, each on its own if one cannot be (scans.py); then one UPDATE
+    # for all of them, which never reads a delivery's columns into Python. Postgres' clock: a
+    # worker's skewed one must not expire what a consumer still holds.
     groups = scans.load_rows(ConsumerGroup.objects.all(), ids, scan="deliveries_expire")
-    return sum(_dead_letter_exhausted(group=group, topic=None, now=now) for group in groups)
+    if not groups:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE broker_delivery d SET state = %s, dlq_at = statement_timestamp() "
+            "FROM broker_consumergroup g WHERE g.id = ANY(%s) AND d.group_id = g.id "
+            "AND d.state = %s AND d.invisible_until <= statement_timestamp() "
+            "AND d.attempts >= g.max_delivery_attempts",
+            [DeliveryState.DLQ, [group.pk for group in groups], DeliveryState.INFLIGHT],
+        )
+        return int(cursor.rowcount)
 
 
 def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:

@@ -54,8 +54,17 @@ def _client() -> Any | None:
     return shared_cache.redis_client(cache)
 
 
+_keys: dict[int, str] = {}
+
+
 def _key() -> str:
-    return shared_cache.cache_of("default").make_and_validate_key(EPOCH_KEY)
+    """The epoch's key in the cache's namespace, made once per cache (Django's validation of a
+    key scans it for memcached's sake: 3 % of a request's web CPU, profiled)."""
+    cache = shared_cache.cache_of("default")
+    key = _keys.get(id(cache))
+    if key is None:
+        key = _keys.setdefault(id(cache), cache.make_and_validate_key(EPOCH_KEY))
+    return key
 
 
 def current() -> str | None:

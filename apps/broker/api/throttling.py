@@ -83,7 +83,8 @@ class TokenRateThrottle(SimpleRateThrottle):
             # One round trip (INCR creates the key at 1, EXPIRE bounds it) through the cache's
             # own connection pool. Django's portable incr below costs two or three (EXISTS,
             # INCRBY, and `add` for a new window).
-            full_key = cache.make_and_validate_key(key)
+            # make_key: ours are short ASCII; Django's validation scans every key for memcached.
+            full_key = cache.make_key(key)
             pipeline = shared_cache.redis_client(cache).pipeline(transaction=False)
             pipeline.incr(full_key)
             pipeline.expire(full_key, timeout)

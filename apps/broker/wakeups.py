@@ -7,8 +7,10 @@ process that listens: wake-ups cross processes.
 
 Each web process keeps one LISTEN connection of its own (outside the pool; started with the
 first waiting receive, reconnected with a back-off after any failure). A notification for a topic
-wakes, per consumer group waiting on that topic in this process, one waiter per message announced:
-the oldest first; the others keep waiting (no thundering herd of 500 receives per message).
+wakes, per consumer group waiting on that topic in this process, as many waiters as it takes to
+receive the messages announced (each takes up to its max_messages: a batch of 64 wakes two
+receives of 32), the oldest first; the others keep waiting (no thundering herd of 500 receives
+per message, nor 64 per batch).
 
 Nothing is lost for good when a notification is: every TXHUB_LONG_POLL_FALLBACK seconds, and just
 after (re)connecting, the hub asks Postgres once, on the same connection and for all its waiters,
@@ -70,13 +72,15 @@ GROUP BY d.topic_id, d.group_id
 
 
 class Waiter:
-    """One waiting receive. Its event is set when it should try again."""
+    """One waiting receive. Its event is set when it should try again; `wants` is how many
+    messages one try of it takes at most (its max_messages)."""
 
-    __slots__ = ("event", "group_id", "topic_id")
+    __slots__ = ("event", "group_id", "topic_id", "wants")
 
-    def __init__(self, topic_id: int, group_id: int) -> None:
+    def __init__(self, topic_id: int, group_id: int, wants: int = 1) -> None:
         self.topic_id = topic_id
         self.group_id = group_id
+        self.wants = max(1, wants)
         self.event = asyncio.Event()
 
 
@@ -129,9 +133,9 @@ class Hub:
             and time.monotonic() < note[2]
         )
 
-    def register(self, topic_id: int, group_id: int) -> Waiter:
+    def register(self, topic_id: int, group_id: int, wants: int = 1) -> Waiter:
         self._start()
-        waiter = Waiter(topic_id, group_id)
+        waiter = Waiter(topic_id, group_id, wants)
         self._waiting.setdefault(topic_id, {}).setdefault(group_id, {})[waiter] = None
         return waiter
 
@@ -152,7 +156,9 @@ class Hub:
             waiters[waiter] = None
 
     def wake(self, topic_id: int, count: int, group_id: int | None = None) -> None:
-        """Wakes up to `count` waiters of each group (or of one group) waiting on the topic."""
+        """Wakes, in each group (or in one group) waiting on the topic, the oldest waiters until
+        together they take `count` messages: a batch of 64 wakes two receives of 32, not 64
+        receives of which 62 would find nothing."""
         self._seen[topic_id] = self._seen.get(topic_id, 0) + 1
         for group, waiters in self._waiting.get(topic_id, {}).items():
             if group_id is not None and group != group_id:
@@ -163,7 +169,7 @@ class Hub:
                     break
                 if not waiter.event.is_set():
                     waiter.event.set()
-                    left -= 1
+                    left -= waiter.wants
 
     def wake_all(self) -> None:
         """Every waiter tries again (the hub stops, or cannot listen)."""
@@ -267,6 +273,7 @@ async def wait(
     deadline: float,
     attempt: Callable[[], Awaitable[T]],
     found: Callable[[T], bool],
+    wants: int = 1,
 ) -> T | None:
     """A waiting receive of either door (REST long poll, gRPC ReceiveMessage): until `deadline`
     (loop time), wait on this process's hub and, each time it is woken, `attempt` again (a short
@@ -276,7 +283,7 @@ async def wait(
     database connection while it waits."""
     loop = asyncio.get_running_loop()
     the_hub = hub()
-    waiter = the_hub.register(topic_id, group_id)
+    waiter = the_hub.register(topic_id, group_id, wants)
     try:
         if the_hub.seen(topic_id) != seen:
             waiter.event.set()

@@ -64,3 +64,22 @@ def test_a_note_lasts_two_fallback_periods() -> None:
     assert hub.known_empty(TOPIC, GROUP)
     time.sleep(0.25)
     assert not hub.known_empty(TOPIC, GROUP)
+
+
+def test_a_batch_wakes_as_many_waiters_as_it_takes_to_receive_it() -> None:
+    # On an event loop, as in a web process (the hub's LISTEN task starts, and is cancelled when
+    # the loop ends: every event below is set before it runs at all).
+    import asyncio
+
+    async def scenario() -> list[bool]:
+        hub = Hub()
+        waiters = [hub.register(TOPIC, GROUP, wants=32) for _ in range(10)]
+        others = [hub.register(TOPIC, OTHER_GROUP) for _ in range(3)]
+        hub.wake(TOPIC, 64)  # a batch of 64 announced
+        hub.wake(TOPIC, 1)  # and one more message
+        return [w.event.is_set() for w in waiters] + [w.event.is_set() for w in others]
+
+    woken = asyncio.run(scenario())
+    # Group 3: two receives of 32 for the batch, a third for the single message; group 4 (one
+    # message each try): three of its three.
+    assert woken == [True, True, True] + [False] * 7 + [True, True, True]

@@ -115,6 +115,7 @@ async def wait(
         deadline=arrived + plan.wait_seconds,
         attempt=attempt,
         found=lambda answer: answer[0] != 200 or bool(answer[1]),
+        wants=plan.max_messages,
     )
     if result is None:
         return response

@@ -26,6 +26,7 @@ from django.core.cache.backends.redis import RedisCache
 from django.db import connection, transaction
 
 from apps.broker import shared_cache
+from apps.broker.services.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ def current() -> str | None:
             value = new if client.set(_key(), new, nx=True) else client.get(_key())
     except Exception:  # noqa: BLE001 - any cache failure: read from Postgres, see _log_outage
         _paused_until = time.monotonic() + OUTAGE_PAUSE
+        # A change made while this process could not see the epoch must not be hidden by what
+        # it kept from before, once the old epoch reads again.
+        _entries.clear()
         _log_outage("configuration is read from Postgres on every request")
         return None
     if value is None:
@@ -108,26 +112,37 @@ def read(epoch: str | None, key: Hashable, load: Callable[[], T | None]) -> T | 
     return found
 
 
-def changed() -> None:
-    """Call after writing a token, group, topic or binding: a new epoch now, and another when the
-    transaction commits (at once again when there is none)."""
-    _new_epoch()
+def changed(*, strict: bool = True) -> None:
+    """Call after writing a token, group, topic or binding, inside the writing transaction: a new
+    epoch now, and another when the transaction commits (at once again when there is none).
+
+    `strict`: when the new epoch cannot be set, raise Unavailable (503), which rolls the change
+    back: a change that answered 2xx holds at once on every process. Not strict: for a row just
+    created, which nobody can have kept."""
+    if not _new_epoch() and strict:
+        raise Unavailable(
+            "The shared cache (Redis) is unreachable: this change could not be made known to "
+            "every web process, so it was not made. Try again."
+        )
     if connection.in_atomic_block:
         transaction.on_commit(_new_epoch)
 
 
-def _new_epoch() -> None:
+def _new_epoch() -> bool:
+    """A new epoch; False if it could not be set (logged)."""
     try:
         client = _client()
         if client is not None:
             client.set(_key(), secrets.token_hex(8))
-    except Exception:  # noqa: BLE001 - the change itself stands; say what it means
+        return True
+    except Exception:  # noqa: BLE001 - the caller decides; say what it means
         logger.error(
-            "configuration changed but the shared epoch could not be set: web processes may use "
-            "what they cached before for up to %s s",
+            "the configuration epoch could not be set: web processes may use what they cached "
+            "before for up to %s s if the change stands",
             settings.TXHUB_CONFIG_CACHE_SECONDS,
             exc_info=True,
         )
+        return False
 
 
 def forget() -> None:
@@ -143,8 +158,8 @@ def _log_outage(consequence: str) -> None:
         logger.warning("the shared cache is unreachable: %s", consequence, exc_info=True)
 
 
-def _on_write(**_: Any) -> None:
-    changed()
+def _on_write(created: bool = False, **_: Any) -> None:
+    changed(strict=not created)
 
 
 def watch_models() -> None:

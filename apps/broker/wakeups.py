@@ -112,8 +112,11 @@ class Hub:
         return self._seen.get(topic_id, 0)
 
     def mark(self, topic_id: int) -> Mark:
-        """Read before a try whose emptiness may be noted (`note_empty`)."""
-        return Mark(self.seen(topic_id), self.listening, self.generation)
+        """Read before a try whose emptiness may be noted (`note_empty`). The generation is read
+        first: a gap sets `listening` False before it moves the generation on, so a mark never
+        pairs "listening" from before a gap with the generation after it."""
+        generation = self.generation
+        return Mark(self.seen(topic_id), self.listening, generation)
 
     def note_empty(self, topic_id: int, group_id: int, mark: Mark) -> None:
         """A try that started at `mark` found nothing receivable for the group."""
@@ -200,6 +203,9 @@ class Hub:
                     _conninfo(), autocommit=True
                 ) as conn:
                     await conn.execute(f"LISTEN {RECEIVABLE_CHANNEL}")
+                    # A new generation once listening again, too: a mark taken during the gap
+                    # cannot note anything under it.
+                    self.generation += 1
                     self.listening, delay = True, 0.2
                     while True:
                         # What was announced while nobody listened, then every fallback period.
@@ -212,11 +218,11 @@ class Hub:
                 logger.warning("long-poll wake-ups: %s; reconnecting in %.1f s", error, delay)
             finally:
                 # Notifications may be missed from here on: nothing noted empty stays so.
+                was_listening, self.listening = self.listening, False
                 self.generation += 1
                 self._empty.clear()
-                if self.listening:
+                if was_listening:
                     # Waiters poll on their own (long_poll.py) until the hub listens again.
-                    self.listening = False
                     self.wake_all()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -342,6 +342,10 @@ def token_create(request: HttpRequest) -> HttpResponse:
 @require_POST
 @operator_required
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
-    registry.token_revoke(token_id=token_id)
-    messages.success(request, f"Token {token_id} revoked: it stops working at once.")
+    try:
+        registry.token_revoke(token_id=token_id)
+    except BrokerError as error:  # unknown token; Redis unreachable (nothing was revoked)
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Token {token_id} revoked: it stops working at once.")
     return redirect("console:tokens")

@@ -35,6 +35,13 @@ class Conflict(BrokerError):
     status = 409
 
 
+class Unavailable(BrokerError):
+    """Something txhub needs for this change is unreachable; nothing was changed."""
+
+    code = "unavailable"
+    status = 503
+
+
 class CallbackRefused(BrokerError):
     """A check URL txhub will not call (scheme, or an address outside the allowed hosts)."""
 

@@ -53,6 +53,7 @@ def producer_group_create(*, name: str, check_url: str = "") -> ProducerGroup:
         raise Conflict(f"Producer group {name!r} already exists.") from None
 
 
+@transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
 def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
     if check_url:
         callback_url_check(check_url)
@@ -96,6 +97,7 @@ def consumer_group_create(
         raise Conflict(f"Consumer group {name!r} already exists.") from None
 
 
+@transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
 def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerGroup:
     """Takes effect at the next receive: deliveries over the new limit go to the DLQ then."""
     updated = ConsumerGroup.objects.filter(name=name).update(
@@ -163,6 +165,7 @@ def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
     return token, raw
 
 
+@transaction.atomic  # a revocation the web processes cannot be told of is rolled back (503)
 def token_revoke(*, token_id: int) -> None:
     revoked = ApiToken.objects.filter(id=token_id, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
@@ -170,5 +173,6 @@ def token_revoke(*, token_id: int) -> None:
     if not revoked and not ApiToken.objects.filter(id=token_id).exists():
         raise NotFound(f"Token {token_id} does not exist.")
     # An UPDATE sends no signal. The web processes' cached tokens are stale from here on: a
-    # revoked token fails at once (docs/decisions/0026).
+    # revoked token fails at once (docs/decisions/0026); if they cannot be told, 503 and the
+    # revocation is rolled back.
     config_cache.changed()

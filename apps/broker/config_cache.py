@@ -93,6 +93,38 @@ def current() -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def current_with(commands: Callable[[Any], None]) -> tuple[str | None, list[Any] | None]:
+    """The epoch and, in the same round trip, the Redis commands `commands` adds to the pipeline
+    it is given (the throttle's count: api/auth.py). Returns (epoch, their results); results None
+    when they did not run (caching off or paused, or Redis away: the caller does without)."""
+    global _paused_until
+    if settings.TXHUB_CONFIG_CACHE_SECONDS <= 0 or time.monotonic() < _paused_until:
+        return None, None
+    try:
+        client = _client()
+        if client is None:
+            return None, None
+        pipeline = client.pipeline(transaction=False)
+        pipeline.get(_key())
+        commands(pipeline)
+        value, *results = pipeline.execute()
+    except Exception:  # noqa: BLE001 - as current()
+        _paused_until = time.monotonic() + OUTAGE_PAUSE
+        _entries.clear()
+        _log_outage("configuration is read from Postgres on every request")
+        return None, None
+    if value is None:  # a new Redis: current() makes the epoch
+        return current(), results
+    return (value.decode() if isinstance(value, bytes) else str(value)), results
+
+
+def peek(key: Hashable) -> Any | None:
+    """What this process keeps under `key`, whatever its epoch (not to be used as is: a hint of
+    what a request will be, to batch its first round trip)."""
+    entry = _entries.get(key)
+    return None if entry is None else entry[2]
+
+
 def read(epoch: str | None, key: Hashable, load: Callable[[], T | None]) -> T | None:
     """`load()`'s value, kept for later requests under the same epoch. `epoch` must have been
     read (`current()`) before this: what `load` sees is then at least as new as the epoch. None

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 from rest_framework import exceptions
@@ -12,6 +13,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.request import Request
 
 from apps.broker import config_cache
+from apps.broker.api.throttling import COUNTED, Counted, TokenRateThrottle
 from apps.broker.services.registry import hash_token
 
 
@@ -55,8 +57,8 @@ class BearerTokenAuthentication(BaseAuthentication):
         raw = parts[1].decode("latin-1")
         # The epoch first: a token revoked before it was read is loaded anew (config_cache.py),
         # so a revocation holds at once on every web process.
-        epoch = config_cache.current()
         hashed = hash_token(raw)
+        epoch = _epoch_and_count(request, hashed)
         token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
         if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
             raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
@@ -64,6 +66,25 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="txhub"'
+
+
+def _epoch_and_count(request: Request, hashed: str) -> str | None:
+    """The configuration epoch; for a token this process knows already, read in one Redis round
+    trip with the throttle's count of this request (which the throttle then uses): one round
+    trip per request instead of two. The count is made for the id the token had when kept; the
+    id of a token never changes, and a request that turns out unauthenticated is not throttled."""
+    known: _Token | None = config_cache.peek(("token", hashed))
+    if known is None or settings.TXHUB_THROTTLE_CACHE != "default":
+        return config_cache.current()
+    throttle = TokenRateThrottle()
+    counting: list[bool] = []
+    epoch, results = config_cache.current_with(
+        lambda pipeline: counting.append(throttle.count_in(pipeline, known.id))
+    )
+    if results and counting and counting[0]:
+        counted = Counted(known.id, int(results[0]), throttle.now)
+        setattr(request, COUNTED, counted)
+    return epoch
 
 
 class _Token(NamedTuple):

@@ -11,6 +11,7 @@ problem; the price is the fixed window's known edge (up to twice the rate across
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 from django.conf import settings
@@ -31,6 +32,17 @@ _last_outage_log = 0.0
 
 def _throttle_cache() -> BaseCache:
     return shared_cache.cache_of(settings.TXHUB_THROTTLE_CACHE)
+
+
+# A request attribute: this request's count, made with the configuration epoch's read.
+COUNTED = "_txhub_counted"
+
+
+@dataclass(frozen=True)
+class Counted:
+    token_id: int
+    count: int
+    now: float
 
 
 class TokenRateThrottle(SimpleRateThrottle):
@@ -60,7 +72,26 @@ class TokenRateThrottle(SimpleRateThrottle):
     def allow_request(self, request: Request, view: Any) -> bool:
         if request.auth is None:
             return True
+        counted: Counted | None = getattr(request, COUNTED, None)
+        if counted is not None and counted.token_id == request.auth and self.num_requests:
+            # Counted already, in the auth's round trip to Redis (api/auth.py).
+            self.now = counted.now
+            return counted.count <= self.num_requests
         return self.allow_token(cast(int, request.auth))
+
+    def count_in(self, pipeline: Any, token_id: int) -> bool:
+        """Adds this request's count for the token to `pipeline` (a redis-py pipeline of the
+        throttle's own cache): INCR then EXPIRE, as `_count` does. False when there is nothing
+        to count (rate limiting off, or a cache that is not Redis)."""
+        if self.rate is None or self.num_requests is None or self.duration is None:
+            return False
+        if not isinstance(_throttle_cache(), RedisCache):
+            return False
+        self.now = self.timer()
+        full_key = _throttle_cache().make_key(self._key(token_id))
+        pipeline.incr(full_key)
+        pipeline.expire(full_key, int(self.duration) + 5)
+        return True
 
     def allow_token(self, token_id: int) -> bool:
         """Counts one call of the token; False once its window's budget is spent."""

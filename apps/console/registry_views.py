@@ -171,7 +171,11 @@ def producer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 @operator_required
 def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
-    group = registry.producer_group_rotate_secret(name=name)
+    try:
+        group = registry.producer_group_rotate_secret(name=name)
+    except BrokerError as error:  # unknown group; Redis unreachable (nothing was rotated)
+        messages.error(request, error.message)
+        return redirect("console:producer-groups")
     _show_secret_once(request, group, "The new")
     messages.success(request, f"Secret of {name} rotated; the old one keeps signing for a while.")
     return redirect("console:producer-groups")

@@ -18,7 +18,8 @@ ERROR_DESCRIPTIONS = {
     409: "conflict / transaction_resolved",
     413: "payload_too_large",
     429: "throttled",
-    503: "unavailable: the database is unreachable; try again",
+    503: "unavailable: the database (or, for a configuration change, Redis) is unreachable; "
+    "nothing was changed; try again",
 }
 
 

@@ -53,7 +53,8 @@ class Celery:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
         subprocess.run(
-            [str(BIN / "celery"), "-A", "txhub", "purge", "-f"],
+            # Both queues: a check-back task another test left behind must not run here.
+            [str(BIN / "celery"), "-A", "txhub", "purge", "-f", "-Q", "celery,callbacks"],
             cwd=ROOT,
             env=self.env,
             capture_output=True,

@@ -319,6 +319,10 @@ TXHUB_LONG_POLL_FALLBACK = env_float("TXHUB_LONG_POLL_FALLBACK", 1.0)
 TXHUB_WEB_THREADS = env_int("TXHUB_WEB_THREADS", 16)
 # ... and receives, in threads of their own: consumers arriving all at once queue among themselves.
 TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
+# The hot calls (prepare, commit, rollback, send, receive, ack, their batches) answered by the same
+# views without Django's request cycle (apps/broker/api/lean.py, docs/decisions/0027); 0: Django
+# answers everything.
+TXHUB_LEAN_DOOR = env_bool("TXHUB_LEAN_DOOR", True)
 
 # Check-back (CONTRACT section 4), in seconds; RocketMQ's names in the comments.
 TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut

@@ -48,6 +48,12 @@ SCAN_ROWS_FAILED = Counter(
     ["scan"],
     registry=EVENTS,
 )
+LEAN_ANSWERS = Counter(
+    "txhub_lean_door_answers",
+    "API calls answered by the lean door (apps/broker/api/lean.py), by view; the rest by Django.",
+    ["view"],
+    registry=EVENTS,
+)
 DELAY_LATENESS = Histogram(
     "txhub_delayed_delivery_lateness_seconds",
     "How long after its due time a delayed message entered the commit log.",

@@ -143,3 +143,43 @@ def test_a_long_poll_receive_counts_once_however_long_it_waits(
     if math.floor(time.time() / 3600) != math.floor(start / 3600):
         pytest.skip("the burst crossed an hour boundary")
     assert statuses == [200, 200, 200, 429]
+
+
+def test_the_lean_door_counts_in_the_same_budget_and_answers_429_the_same_way(
+    transactional_db: None,
+) -> None:
+    """Receives (answered by the lean door, apps/broker/api/lean.py) and GETs (Django) draw
+    from one budget per token, and the lean door's 429 is the contract's, with Retry-After."""
+    admin = token("lean-admin")
+    with web(TXHUB_THROTTLE_RATE=f"{RATE}/min") as base:
+        for path, body in (
+            ("/api/v1/topics", {"name": "lean-throttle", "queues": 1}),
+            ("/api/v1/consumer-groups", {"name": "lean-throttle"}),
+        ):
+            assert requests.post(base + path, json=body, headers=admin, timeout=30).ok
+        start = time.time()
+        answers = [
+            requests.post(
+                base + "/api/v1/consumer-groups/lean-throttle/receive",
+                json={"topic": "lean-throttle"},
+                headers=admin,
+                timeout=30,
+            )
+            for _ in range(2 * RATE)
+        ]
+        windows = windows_touched(start, time.time())
+        assert {a.status_code for a in answers} == {200, 429}
+        assert RATE - 2 <= sum(a.status_code == 200 for a in answers) <= RATE * windows
+        for answer in (a for a in answers if a.status_code == 429):
+            retry_after = answer.headers["Retry-After"]
+            assert 1 <= int(retry_after) <= WINDOW
+            assert answer.json()["error"] == {
+                "code": "throttled",
+                "message": answer.json()["error"]["message"],
+                "details": {"retry_after": int(retry_after)},
+            }
+            assert answer.json()["error"]["message"].startswith("Request was throttled")
+        if windows == 1:  # the budget the receives spent is the GETs' budget too
+            assert (
+                requests.get(base + "/api/v1/topics", headers=admin, timeout=30).status_code == 429
+            )

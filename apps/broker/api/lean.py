@@ -1,0 +1,326 @@
+"""The lean door: the hot API calls answered without Django's request cycle (decision 0027).
+
+A prepare costs ~2 ms of web CPU through the full stack, of which the view itself (validation,
+the service, its SQL, the rendering) is a third. The rest is frame: Django's request object and
+its META, nine middleware (sessions, CSRF, messages, axes: none of which an API call with a
+bearer token uses), URL resolution, DRF's Request wrapper and content negotiation, the response's
+rendering pass and the thread hop of asgiref. For the hot calls (prepare, commit, rollback, send,
+receive, ack and their batches) this module keeps the parts that serve the contract and drops the
+frame:
+
+- The **same view method** answers (TransactionListView.post, ...): the same validation
+  (the DRF serializers), scope checks, services and output. There is no second copy of a rule.
+- The **same authenticator, permission and throttle classes** as DRF's `initial()` runs, in its
+  order (401 -> 403 -> 429, then the view's 400 -> 403 -> 404), and the **same exception
+  handler** renders every error in the contract's format.
+- The **same response headers**: DRF's `Allow`, and what SecurityMiddleware and
+  XFrameOptionsMiddleware add to every answer (tests/broker/test_lean_door.py compares the two
+  doors' answers, headers included, for each route).
+
+Only a plain request comes in: POST to one of the routes, no query string, a Host Django allows,
+a bearer token, a JSON object body of at most LARGE_BODY_BYTES with `application/json` (or
+nothing), an Accept that takes JSON. Everything else (and every request when a setting changes
+what the middleware would do: SSL redirect, HSTS, a proxy's headers) is answered by Django, as
+before: `prepare()` returns None, having done nothing. The decision is made before anything is
+counted or stored, so a request is answered by exactly one door.
+"""
+
+import io
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from django.conf import settings
+from django.db import connections
+from django.http.request import split_domain_port, validate_host
+from django.utils.datastructures import CaseInsensitiveMapping
+from rest_framework import exceptions
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.broker import limits, metrics
+from apps.broker.api import batch_views, long_poll, views
+from apps.broker.api.errors import error_body, exception_handler
+from apps.broker.api.parsers import LimitedJSONParser
+from apps.broker.services.consuming import WaitPlan
+
+logger = logging.getLogger(__name__)
+
+_NAME = limits.NAME_PATTERN
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
+@dataclass(frozen=True)
+class Route:
+    pattern: re.Pattern[str]
+    view: type[APIView]
+    convert: Callable[[dict[str, str]], dict[str, Any]] = dict
+    allow: bytes = b""  # DRF's Allow header for the view, filled in below
+
+
+def _uuid_kwargs(kwargs: dict[str, str]) -> dict[str, Any]:
+    return {"transaction_id": uuid.UUID(kwargs["transaction_id"])}
+
+
+_ROUTES = [
+    Route(re.compile(r"/api/v1/transactions"), views.TransactionListView),
+    Route(re.compile(r"/api/v1/transactions:batch"), batch_views.PrepareBatchView),
+    Route(re.compile(r"/api/v1/transactions:commit"), batch_views.CommitBatchView),
+    Route(re.compile(r"/api/v1/transactions:rollback"), batch_views.RollbackBatchView),
+    Route(
+        re.compile(rf"/api/v1/transactions/(?P<transaction_id>{_UUID})/commit"),
+        views.TransactionCommitView,
+        _uuid_kwargs,
+    ),
+    Route(
+        re.compile(rf"/api/v1/transactions/(?P<transaction_id>{_UUID})/rollback"),
+        views.TransactionRollbackView,
+        _uuid_kwargs,
+    ),
+    Route(re.compile(rf"/api/v1/topics/(?P<topic>{_NAME})/messages"), views.TopicMessagesView),
+    Route(
+        re.compile(rf"/api/v1/topics/(?P<topic>{_NAME})/messages:batch"),
+        batch_views.SendBatchView,
+    ),
+    Route(re.compile(rf"/api/v1/consumer-groups/(?P<group>{_NAME})/receive"), views.ReceiveView),
+    Route(re.compile(rf"/api/v1/consumer-groups/(?P<group>{_NAME})/ack"), views.AckView),
+]
+
+
+def _allow(view_class: type[APIView]) -> bytes:
+    """DRF's Allow header for the view: its methods, with the HEAD that View.setup() adds."""
+    view = view_class()
+    if hasattr(view, "get") and not hasattr(view, "head"):
+        view.head = view.get  # type: ignore[attr-defined]
+    return ", ".join(view.allowed_methods).encode()
+
+
+_ROUTES = [Route(r.pattern, r.view, r.convert, _allow(r.view)) for r in _ROUTES]
+
+_JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8"})
+_ACCEPTS_JSON = frozenset({b"*/*", b"application/json", b"application/*"})
+
+
+@dataclass
+class Answer:
+    """What the lean door answers: status, JSON body, headers; a receive that found nothing and
+    may wait carries its plan (the ASGI handler waits, as for Django's answer)."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+    plan: WaitPlan | None = None
+
+
+@dataclass
+class LeanRequest:
+    """What the views, the authenticator and the throttle read of a request, and nothing more
+    (a duck of rest_framework.request.Request for these views)."""
+
+    method: str
+    path: str
+    META: dict[str, Any]
+    headers: CaseInsensitiveMapping[str]
+    data: dict[str, Any]
+    user: Any = None
+    auth: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Call:
+    """A request the lean door takes: decided on the event loop, answered in a thread."""
+
+    route: Route
+    kwargs: dict[str, Any]
+    request: LeanRequest
+
+
+def enabled() -> bool:
+    """Off when a setting makes Django's middleware answer differently than plain (redirects,
+    HSTS, hosts or schemes taken from a proxy's headers), or by TXHUB_LEAN_DOOR=0."""
+    return bool(
+        getattr(settings, "TXHUB_LEAN_DOOR", True)
+        and not settings.SECURE_SSL_REDIRECT
+        and not settings.SECURE_HSTS_SECONDS
+        and settings.SECURE_PROXY_SSL_HEADER is None
+        and not settings.USE_X_FORWARDED_HOST
+        and not settings.USE_X_FORWARDED_PORT
+    )
+
+
+def take(scope: dict[str, Any], body: bytes) -> Call | None:
+    """The call, if this request is one the lean door answers; None: Django answers it. Reads
+    nothing but the request (no I/O)."""
+    if scope.get("method") != "POST" or scope.get("query_string") or scope.get("root_path"):
+        return None
+    if scope.get("scheme", "http") != "http":
+        return None
+    path: str = scope.get("path", "")
+    if not path.startswith("/api/v1/"):
+        return None
+    for route in _ROUTES:
+        match = route.pattern.fullmatch(path)
+        if match is not None:
+            break
+    else:
+        return None
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name = raw_name.decode("latin-1").lower()
+        if name in headers:
+            return None  # a repeated header: Django joins some, keeps others; let it decide
+        headers[name] = raw_value.decode("latin-1")
+    if not _plain_headers(headers, len(body)):
+        return None
+    data = _parsed(body)
+    if data is None:
+        return None
+    meta: dict[str, Any] = {
+        "CONTENT_LENGTH": str(len(body)),
+        "HTTP_AUTHORIZATION": headers["authorization"],
+        long_poll.WAIT_OUTSIDE: True,
+    }
+    request = LeanRequest(
+        method="POST",
+        path=path,
+        META=meta,
+        headers=CaseInsensitiveMapping(headers),
+        data=data,
+    )
+    return Call(route, route.convert(match.groupdict()), request)
+
+
+def _plain_headers(headers: dict[str, str], body_length: int) -> bool:
+    if not headers.get("authorization", "").lower().startswith("bearer "):
+        return False
+    host = headers.get("host")
+    if host is None or not _host_allowed(host):
+        return False
+    if body_length > views.LARGE_BODY_BYTES:
+        return False  # the large-body pre-check and limits: Django's
+    declared = headers.get("content-length")
+    if declared is not None and declared != str(body_length):
+        return False
+    if "transfer-encoding" in headers:
+        return False
+    content_type = headers.get("content-type")
+    if body_length and (content_type is None or content_type.lower().encode() not in _JSON_TYPES):
+        return False
+    accept = headers.get("accept")
+    return accept is None or accept.strip().encode() in _ACCEPTS_JSON
+
+
+def _host_allowed(host: str) -> bool:
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    domain, _ = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed)
+
+
+_parser = LimitedJSONParser()
+
+
+def _parsed(body: bytes) -> dict[str, Any] | None:
+    """The body as DRF's parser reads it (strict JSON: no NaN), or None for anything it would
+    refuse (Django then answers, with DRF's own message)."""
+    if not body:
+        return {}
+    try:
+        data = _parser.parse(io.BytesIO(body), "application/json", None)
+    except (exceptions.ParseError, ValueError):
+        return None
+    return cast(dict[str, Any], data)
+
+
+_renderer = JSONRenderer()
+
+
+def answer(call: Call) -> Answer:
+    """DRF's `initial()` (authenticate, permissions, throttles), then the view's method, then its
+    answer rendered; any exception through the API's exception handler. In a worker thread: the
+    database connection goes back to the pool at the end."""
+    request = call.request
+    view = call.route.view()
+    try:
+        response = _dispatch(view, request, call.kwargs)
+    except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
+        handled = exception_handler(error, {})
+        if handled is None:
+            logger.exception("Internal Server Error: %s", request.path)
+            failure = error_body(
+                "internal_error", "Something went wrong on our side; it is logged."
+            )
+            metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
+            rendered = _renderer.render(failure)
+            return Answer(500, rendered, _headers(call.route, [], rendered))
+        response = handled
+    finally:
+        connections.close_all()
+    body = _renderer.render(response.data) if response.data is not None else b""
+    extra = [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in response.items()
+        if name.lower() != "content-type"
+    ]
+    result = Answer(response.status_code, body, _headers(call.route, extra, body))
+    metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
+    result.plan = long_poll.plan_of(response)
+    return result
+
+
+def _dispatch(view: APIView, request: LeanRequest, kwargs: dict[str, Any]) -> Response:
+    drf_request = cast(Request, request)
+    user_auth = None
+    for authenticator in view.get_authenticators():
+        user_auth = authenticator.authenticate(drf_request)
+        if user_auth is not None:
+            break
+    if user_auth is None:
+        raise exceptions.NotAuthenticated()
+    request.user, request.auth = user_auth
+    for permission in view.get_permissions():
+        if not permission.has_permission(drf_request, view):
+            raise exceptions.PermissionDenied(getattr(permission, "message", None))
+    waits = []
+    for throttle in view.get_throttles():
+        if not throttle.allow_request(drf_request, view):
+            waits.append(throttle.wait())
+    if waits:
+        raise exceptions.Throttled(max((w for w in waits if w is not None), default=None))
+    response: Response = view.post(drf_request, **kwargs)  # type: ignore[attr-defined]
+    return response
+
+
+def _headers(
+    route: Route, extra: list[tuple[bytes, bytes]], body: bytes
+) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"content-type", b"application/json"),
+        *extra,
+        (b"allow", route.allow),
+        (b"content-length", str(len(body)).encode()),
+        *middleware_headers(),
+    ]
+
+
+def middleware_headers() -> list[tuple[bytes, bytes]]:
+    """What SecurityMiddleware and XFrameOptionsMiddleware add to a plain-HTTP API answer."""
+    headers = [(b"x-frame-options", getattr(settings, "X_FRAME_OPTIONS", "DENY").upper().encode())]
+    if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+        headers.append((b"x-content-type-options", b"nosniff"))
+    if settings.SECURE_REFERRER_POLICY:
+        policy = settings.SECURE_REFERRER_POLICY
+        value = policy if isinstance(policy, str) else ",".join(policy)
+        headers.append((b"referrer-policy", value.encode()))
+    if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+        headers.append(
+            (b"cross-origin-opener-policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY.encode())
+        )
+    return headers

@@ -71,6 +71,11 @@ class TxhubASGIHandler(ASGIHandler):
             function, thread_sensitive=False, executor=self.receive_executor
         )()
 
+    async def in_plain_thread(self, function: Any, executor: ThreadPoolExecutor) -> Any:
+        """For the lean door: no context to carry over (it reads no script prefix, no Local
+        set on the loop), so the executor directly, without asgiref's bookkeeping around it."""
+        return await asyncio.get_running_loop().run_in_executor(executor, function)
+
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         arrived = asyncio.get_running_loop().time()  # a long poll's wait counts from here
         try:
@@ -118,12 +123,14 @@ class TxhubASGIHandler(ASGIHandler):
         call = lean.take(scope, body)
         if call is None:
             return False
-        run = self.in_receive_thread if call.route.view is views.ReceiveView else self.in_thread
-        answer: lean.Answer = await run(lambda: lean.answer(call))
+        receiving = call.route.view is views.ReceiveView
+        executor = self.receive_executor if receiving else self.executor
+        answer: lean.Answer = await self.in_plain_thread(lambda: lean.answer(call), executor)
         if answer.plan is not None:
             response = HttpResponse(answer.body, status=answer.status)
             for name, value in answer.headers:
                 response[name.decode("latin-1")] = value.decode("latin-1")
+            run = self.in_receive_thread if receiving else self.in_thread
             waited = await self._wait(answer.plan, response, receive, arrived, run)
             if waited is not None:
                 await self.send_response(waited, send)

@@ -306,3 +306,72 @@ def test_concurrent_batches_leave_offsets_dense(server: Server) -> None:
     for queue in (0, 1):
         offsets = sorted(r[2] for r in rows if r[1] == queue)
         assert offsets == list(range(len(offsets))), queue
+
+
+def test_a_batch_commit_stores_what_single_commits_store_in_batch_order(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """The batch's visible commits are written per queue in one statement (COMMIT_MANY_SQL):
+    each commit-log row, half and COMMIT op must be what a single commit writes, and the offsets
+    of one queue follow the order of the batch."""
+    setup_topic(queues=1)
+    messages = [
+        {"body": "plain"},
+        {"body_base64": "AAEC", "tags": "t", "keys": ["k1", "k2"], "properties": {"p": "v"}},
+        {"body": "third", "tags": "x"},
+    ]
+
+    def prepared() -> list[str]:
+        answer = api.post(
+            "/api/v1/transactions:batch",
+            {"producer_group": "order-service", "topic": "orders", "messages": messages},
+            format="json",
+        )
+        return [r["transaction_id"] for r in expect(answer, 201)["results"]]
+
+    singles, batched = prepared(), prepared()
+    for tx in singles:
+        expect(api.post(f"/api/v1/transactions/{tx}/commit", {"reason": "r"}, format="json"), 200)
+    order = [batched[2], batched[0], batched[1]]
+    slots = expect(
+        api.post(
+            "/api/v1/transactions:commit",
+            {"transaction_ids": order, "reason": "r"},
+            format="json",
+        ),
+        200,
+    )["results"]
+    assert [s["status"] for s in slots] == [200, 200, 200]
+    offsets = [s["result"]["queue_offset"] for s in slots]
+    assert offsets == [3, 4, 5]  # after the three single commits, in the batch's order
+
+    def written(tx: str) -> tuple[Any, ...]:
+        half = HalfMessage.objects.get(transaction_id=tx)
+        entry = CommitLogEntry.objects.get(transaction_id=tx)
+        [op] = OpRecord.objects.filter(half=half, op="COMMIT")
+        assert entry.msg_id == half.msg_id
+        assert entry.stored_at == half.resolved_at == op.at
+        return (
+            half.state,
+            half.resolved_by,
+            half.next_check_at,
+            bytes(entry.body),
+            entry.body_is_binary,
+            entry.tags,
+            entry.keys,
+            entry.properties,
+            entry.producer_group,
+            entry.born_at == half.born_at,
+            entry.queue_id,
+            op.source,
+            op.actor,
+            op.reason,
+            op.detail,
+        )
+
+    for single, batch in zip(singles, batched, strict=True):
+        assert written(single) == written(batch)
+    assert written(batched[1])[3:8] == (b"\x00\x01\x02", True, "t", ["k1", "k2"], {"p": "v"})
+    entries = CommitLogEntry.objects.order_by("queue_offset")
+    assert [e.queue_offset for e in entries] == list(range(6))
+    assert [str(e.transaction_id) for e in entries][3:] == order

@@ -229,7 +229,7 @@ def batched(client: Client, name: str) -> int:
     return 2 * BATCH
 
 
-def run_pgbench(name: str, clients: int, seconds: int) -> float:
+def run_pgbench(name: str, clients: int, seconds: int, mode: str = "simple") -> float:
     from apps.broker.models import ApiToken, ConsumerCursor, ConsumerGroup, ProducerGroup, Topic
 
     topic = Topic.objects.get(name=name)
@@ -250,7 +250,8 @@ def run_pgbench(name: str, clients: int, seconds: int) -> float:
         script.write(PGBENCH_SCRIPT)
         script.flush()
         command = [str(pgbench), "-h", "127.0.0.1", "-p", PG_PORT, "-U", "txhub", "-n"]
-        command += ["-c", str(clients), "-j", "2", "-T", str(seconds), "-f", script.name, "txhub"]
+        command += ["-c", str(clients), "-j", "2", "-T", str(seconds), "-M", mode]
+        command += ["-f", script.name, "txhub"]
         for key, value in variables.items():
             command += ["-D", f"{key}={value}"]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -330,6 +331,8 @@ def main() -> None:
         figures: dict[str, float] = {}
         for n in levels:
             figures[f"pgbench_{n}"] = run_pgbench(name, n, args.pgbench_seconds)
+        best = max(levels, key=lambda n: figures[f"pgbench_{n}"])
+        figures["pgbench_prepared"] = run_pgbench(name, best, args.pgbench_seconds, "prepared")
         for n in levels:
             result = run_load(base, token, name, n, args.seconds, single, data_dir)
             for key, value in result.items():
@@ -354,6 +357,11 @@ def main() -> None:
     )
     for n in levels:
         print(f"  {n:3d} clients   {med(f'pgbench_{n}'):8.1f} messages/s")
+    print(
+        f"  (for reference, pgbench -M prepared at its best count: "
+        f"{med('pgbench_prepared'):.1f} messages/s; txhub prepares its hot statements too, "
+        f"TXHUB_DB_PREPARE_THRESHOLD)"
+    )
     print(
         f"txhub single messages end to end (prepare, commit, receive, ack), "
         f"{args.seconds:g} s each:"

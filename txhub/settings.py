@@ -159,6 +159,14 @@ DATABASES = {
 DATABASES["default"]["ENGINE"] = "txhub.postgres"
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
+# Statements a connection has run this many times are prepared on it (psycopg's auto-prepare):
+# Postgres then skips parsing and planning the hot paths' statements. Django turns this off for
+# transaction-pooling proxies (PgBouncer before 1.21); set it to "" behind one of those.
+# (docs/decisions/0027)
+_prepare_threshold = env_str("TXHUB_DB_PREPARE_THRESHOLD", "5")
+DATABASES["default"]["OPTIONS"]["prepare_threshold"] = (
+    int(_prepare_threshold) if _prepare_threshold else None
+)
 TXHUB_DB_POOL_SIZE = env_int("TXHUB_DB_POOL_SIZE", 10)
 if DB_POOL:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

@@ -13,7 +13,14 @@ from apps.broker import rows, selectors
 from apps.broker.api import output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.views import validated
-from apps.broker.models import CommitLogEntry, ConsumerGroup, HalfMessage, ProducerGroup, Topic
+from apps.broker.models import (
+    CommitLogEntry,
+    ConsumerGroup,
+    HalfMessage,
+    ProducerGroup,
+    Resolver,
+    Topic,
+)
 from apps.broker.services import consuming
 from tests.helpers import expect
 
@@ -176,7 +183,7 @@ def test_compiled_output_serializers_render_what_drf_renders(
             format="json",
         )
         ids.append(expect(answer, 201)["transaction_id"])
-    actor = Actor(source=transactions.Resolver.PRODUCER, name="t")
+    actor = Actor(source=Resolver.PRODUCER, name="t")
     resolutions = [
         transactions.transaction_commit(transaction_id=ids[0], actor=actor),
         transactions.transaction_commit(transaction_id=ids[1], actor=actor),  # delayed

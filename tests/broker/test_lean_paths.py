@@ -217,3 +217,50 @@ def test_compiled_output_serializers_render_what_drf_renders(
         "deliver_at": None,
     }
     assert output.render(output.SendOut, as_mapping) == _drf_rendered(output.SendOut, as_mapping)
+
+
+@pytest.mark.django_db
+def test_one_statement_for_all_queues_takes_what_the_queue_by_queue_loop_takes(
+    setup_topic: Any,
+) -> None:
+    """_entries_of_all (receives without a tag expression) against the per-queue loop it
+    replaced, with a tag expression that keeps everything: same messages in the same order,
+    same cursor moves, for queues of different lengths, cursors part way and every limit."""
+    import random
+
+    from apps.broker.models import ConsumerCursor
+    from apps.broker.services import sending
+
+    setup_topic(queues=4)
+    topic = Topic.objects.get(name="orders")
+    for n in range(80):
+        message = sending.OutgoingMessage(
+            producer_group="order-service", body=f"m{n}".encode(), body_is_binary=False, tags="t"
+        )
+        sending.message_send(topic=topic, message=message)
+    group = ConsumerGroup.objects.get(name="billing")
+    consuming._ensure_cursors(group, topic)
+    rng = random.Random(7)
+    for cursor in ConsumerCursor.objects.filter(group=group, topic=topic):
+        cursor.next_offset = rng.randint(0, 12)
+        cursor.save()
+    cursors = list(
+        ConsumerCursor.objects.filter(group=group, topic=topic)
+        .order_by("queue_id")
+        .values_list("id", "queue_id", "next_offset")
+    )
+    lengths = {q: CommitLogEntry.objects.filter(topic=topic, queue_id=q).count() for q in range(4)}
+    available = sum(max(0, lengths[q] - offset) for _, q, offset in cursors)
+    assert available > 32  # so the limits below are reached
+    for order in range(5):
+        shuffled = cursors[:]
+        random.Random(order).shuffle(shuffled)
+        for limit in (1, 3, 7, 16, 32):
+            taken, moved = consuming._entries_of_all(topic, shuffled, limit)
+            expected, expected_moved = consuming._entries_queue_by_queue(
+                topic, shuffled, limit, frozenset({"t"})
+            )
+            assert [e.msg_id for e in taken] == [e.msg_id for e in expected]
+            assert [_fields(e) for e in taken] == [_fields(e) for e in expected]
+            assert moved == expected_moved
+            assert len(taken) == limit

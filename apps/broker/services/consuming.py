@@ -243,7 +243,28 @@ _ENTRIES_SQL = (
     "WHERE e.topic_id = %s AND e.queue_id = %s AND e.queue_offset >= %s "
     "ORDER BY e.queue_offset LIMIT %s"
 )
-_DELIVERIES_SQL = """
+# Each queue's messages from its cursor on (at most `limit` from each), the queues in the
+# order given, the first `limit` of them all: one statement for every queue of the topic.
+_ENTRIES_OF_ALL_SQL = f"""
+SELECT q.cursor_id, {rows.columns(CommitLogEntry, "e")}
+FROM unnest(%(cursor_ids)s::bigint[], %(queue_ids)s::int[], %(offsets)s::bigint[])
+    WITH ORDINALITY AS q(cursor_id, queue_id, next_offset, ord),
+LATERAL (
+    SELECT {rows.columns(CommitLogEntry, "x")} FROM broker_commitlogentry x
+    WHERE x.topic_id = %(topic)s AND x.queue_id = q.queue_id AND x.queue_offset >= q.next_offset
+    ORDER BY x.queue_offset LIMIT %(limit)s
+) e
+ORDER BY q.ord, e.queue_offset
+LIMIT %(limit)s
+"""  # noqa: S608
+_MOVE_CURSORS_SQL = """
+UPDATE broker_consumercursor c SET next_offset = m.next_offset
+FROM unnest(%(cursor_ids)s::bigint[], %(next_offsets)s::bigint[]) AS m(id, next_offset)
+WHERE c.id = m.id
+"""
+# The deliveries inserted and the cursors moved past them, in one statement.
+_DELIVERIES_SQL = f"""
+WITH moved AS ({_MOVE_CURSORS_SQL})
 INSERT INTO broker_delivery (group_id, topic_id, message_id, state, attempts, invisible_until,
     handle_token, first_received_at, last_received_at, acked_at, dlq_at)
 SELECT %(group)s, %(topic)s, m.message_id, %(state)s, 1, %(until)s, m.token, %(now)s, %(now)s,
@@ -252,11 +273,7 @@ FROM unnest(%(messages)s::bigint[], %(tokens)s::varchar[])
     WITH ORDINALITY AS m(message_id, token, i)
 ORDER BY m.i
 RETURNING id, message_id
-"""
-_MOVE_CURSORS_SQL = """
-UPDATE broker_consumercursor c SET next_offset = m.next_offset
-FROM unnest(%s::bigint[], %s::bigint[]) AS m(id, next_offset) WHERE c.id = m.id
-"""
+"""  # noqa: S608 - composed of constants only
 
 
 def _take_new(
@@ -276,6 +293,22 @@ def _take_new(
         cursor.execute(_CURSORS_SQL, [group.pk, topic.pk])
         cursors = cursor.fetchall()
     random.shuffle(cursors)  # noqa: S311 - fairness between queues, not security
+    if tags is None:
+        taken, moved = _entries_of_all(topic, cursors, limit)
+    else:
+        taken, moved = _entries_queue_by_queue(topic, cursors, limit, tags)
+    if not moved:
+        return []
+    deliveries = _insert_deliveries(group, topic, taken, invisible_until, now, moved)
+    return [Received(d, d.message) for d in deliveries]
+
+
+def _entries_queue_by_queue(
+    topic: Topic, cursors: list[tuple[int, int, int]], limit: int, tags: frozenset[str]
+) -> tuple[list[CommitLogEntry], list[tuple[int, int]]]:
+    """The messages to hand out, queue after queue in the cursors' order, and each read queue's
+    cursor id with its next offset. Messages the tag expression filters out are passed over for
+    this group (the cursor moves past them), as in RocketMQ."""
     taken: list[CommitLogEntry] = []
     moved: list[tuple[int, int]] = []  # (cursor id, its next offset)
     for cursor_id, queue_id, next_offset in cursors:
@@ -288,15 +321,36 @@ def _take_new(
             batch = [rows.load(CommitLogEntry, row) for row in cursor.fetchall()]
         if not batch:
             continue
-        # Messages the tag expression filters out are passed over for this group, as in RocketMQ.
-        taken += [m for m in batch if tags is None or m.tags in tags]
+        taken += [m for m in batch if m.tags in tags]
         moved.append((cursor_id, batch[-1].queue_offset + 1))
-    if not moved:
-        return []
-    deliveries = _insert_deliveries(group, topic, taken, invisible_until, now)
+    return taken, moved
+
+
+def _entries_of_all(
+    topic: Topic, cursors: list[tuple[int, int, int]], limit: int
+) -> tuple[list[CommitLogEntry], list[tuple[int, int]]]:
+    """What `_entries_queue_by_queue` takes when nothing is filtered out, read in one statement
+    instead of one per queue: each queue's messages from its cursor on, the queues in the
+    cursors' order, the first `limit` of them all."""
+    if not cursors:
+        return [], []
     with connection.cursor() as cursor:
-        cursor.execute(_MOVE_CURSORS_SQL, [[m[0] for m in moved], [m[1] for m in moved]])
-    return [Received(d, d.message) for d in deliveries]
+        cursor.execute(
+            _ENTRIES_OF_ALL_SQL,
+            {
+                "topic": topic.pk,
+                "cursor_ids": [c[0] for c in cursors],
+                "queue_ids": [c[1] for c in cursors],
+                "offsets": [c[2] for c in cursors],
+                "limit": limit,
+            },
+        )
+        found = cursor.fetchall()
+    taken = [rows.load(CommitLogEntry, row, 1) for row in found]
+    next_offsets: dict[int, int] = {}  # cursor id -> its next offset, in the order read
+    for row, entry in zip(found, taken, strict=True):
+        next_offsets[row[0]] = entry.queue_offset + 1
+    return taken, list(next_offsets.items())
 
 
 def _insert_deliveries(
@@ -305,8 +359,14 @@ def _insert_deliveries(
     messages: list[CommitLogEntry],
     invisible_until: datetime,
     now: datetime,
+    moved: list[tuple[int, int]],
 ) -> list[Delivery]:
-    if not messages:
+    """The deliveries of `messages` stored and the read cursors moved (`moved`: cursor id, next
+    offset), in one statement."""
+    move = {"cursor_ids": [m[0] for m in moved], "next_offsets": [m[1] for m in moved]}
+    if not messages:  # all passed over by the tag expression: only the cursors move
+        with connection.cursor() as cursor:
+            cursor.execute(_MOVE_CURSORS_SQL, move)
         return []
     deliveries = []
     for message in messages:
@@ -325,6 +385,7 @@ def _insert_deliveries(
                 "now": now,
                 "messages": [m.pk for m in messages],
                 "tokens": [d.handle_token for d in deliveries],
+                **move,
             },
         )
         ids = {message_id: pk for pk, message_id in cursor.fetchall()}

@@ -210,3 +210,36 @@ def test_group_status_shows_lag_in_flight_and_offsets(api: APIClient, setup_topi
     ack(api, [message["receipt_handle"]])
     assert api.get("/api/v1/consumer-groups/billing").json()["queues"][0]["lag"] == 2
     assert Delivery.objects.get().state == "ACKED"
+
+
+def test_a_receive_waits_for_another_consumers_cursors_instead_of_answering_nothing(
+    api: APIClient, setup_topic: Any, transactional_db: None
+) -> None:
+    """Another consumer of the group holds every cursor of the topic (its receive is running):
+    a receive with messages there waits the few milliseconds for them rather than answering
+    nothing (which would leave it waiting for a NOTIFY that may never come)."""
+    import psycopg
+
+    from tests.conftest import db_url_for_tests
+
+    setup_topic(queues=2)
+    for n in range(4):
+        send(api, f"m{n}")
+    [first] = receive(api, max_messages=1)  # the group's cursors exist now
+    released = threading.Event()
+    with psycopg.connect(db_url_for_tests()) as holder:
+        holder.execute(
+            "SELECT c.id FROM broker_consumercursor c JOIN broker_consumergroup g "
+            "ON g.id = c.group_id WHERE g.name = 'billing' FOR UPDATE OF c"
+        )
+        timer = threading.Timer(0.5, lambda: (released.set(), holder.commit()))
+        timer.start()
+        started = time.monotonic()
+        got = receive(api, max_messages=10)
+        elapsed = time.monotonic() - started
+        timer.join()
+    assert released.is_set()
+    assert elapsed >= 0.4, elapsed  # it did wait for the cursors
+    bodies = {first["body"]} | {m["body"] for m in got}
+    assert len(got) == 3
+    assert bodies == {"m0", "m1", "m2", "m3"}

@@ -232,7 +232,12 @@ def test_a_receive_waits_for_another_consumers_cursors_instead_of_answering_noth
             "SELECT c.id FROM broker_consumercursor c JOIN broker_consumergroup g "
             "ON g.id = c.group_id WHERE g.name = 'billing' FOR UPDATE OF c"
         )
-        timer = threading.Timer(0.5, lambda: (released.set(), holder.commit()))
+
+        def release() -> None:
+            released.set()
+            holder.commit()
+
+        timer = threading.Timer(0.5, release)
         timer.start()
         started = time.monotonic()
         got = receive(api, max_messages=10)

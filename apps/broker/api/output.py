@@ -39,16 +39,17 @@ def render_many(serializer_class: type[serializers.Serializer[Any]], items: Any)
 _DATETIME = serializers.DateTimeField()
 
 
+# CompiledOut: DRF's `Serializer.to_representation`, with each field's attribute lookup worked
+# out once per serializer instead of per object and field: DRF's `Field.get_attribute` walks
+# `source_attrs` through Mapping and callable checks and exception handlers for every field
+# of every object, which was a third of a 32-message receive's web CPU (profiled). Every
+# value is still turned into JSON by the field's own `to_representation`, and whatever is
+# not a plain attribute path (a Mapping, a callable such as a manager's `all`, a missing
+# attribute) goes DRF's way, so the output is DRF's (tests/broker/test_lean_paths.py).
+# Output serializers are shared per process (`render`), so the plan is made once.
+# (A comment, not a docstring: drf-spectacular would put a docstring into every subclass's
+# schema description.)
 class CompiledOut(serializers.Serializer[Any]):
-    """DRF's `Serializer.to_representation`, with each field's attribute lookup worked out once
-    per serializer instead of per object and field: DRF's `Field.get_attribute` walks
-    `source_attrs` through Mapping and callable checks and exception handlers for every field
-    of every object, which was a third of a 32-message receive's web CPU (profiled). Every
-    value is still turned into JSON by the field's own `to_representation`, and whatever is
-    not a plain attribute path (a Mapping, a callable such as a manager's `all`, a missing
-    attribute) goes DRF's way, so the output is DRF's (tests/broker/test_lean_paths.py).
-    Output serializers are shared per process (`render`), so the plan is made once."""
-
     use_drf = False  # True on an instance: DRF's own method (the tests' reference)
 
     def to_representation(self, instance: Any) -> dict[str, Any]:

@@ -580,13 +580,25 @@ def _lock_all(transaction_ids: list[uuid.UUID]) -> list[HalfMessage]:
             _LOCK_SQL.format(where="h.transaction_id = ANY(%s::uuid[]) ORDER BY h.id"),
             [transaction_ids],
         )
-        return [_half_of(row) for row in cursor.fetchall()]
+        found = cursor.fetchall()
+    # A batch's halves mostly share one topic and group: each is loaded once, not once per row
+    # (building model instances was a sixth of a batch commit's web CPU, profiled).
+    shared: dict[tuple[type, Any], Any] = {}
+    return [_half_of(row, shared) for row in found]
 
 
-def _half_of(row: Any) -> HalfMessage:
+def _half_of(row: Any, shared: dict[tuple[type, Any], Any] | None = None) -> HalfMessage:
     half = rows.load(HalfMessage, row)
-    half.topic = rows.load(Topic, row, rows.width(HalfMessage))
-    half.producer_group = rows.load(ProducerGroup, row, rows.width(HalfMessage) + rows.width(Topic))
+    at = rows.width(HalfMessage)
+    for model, field in ((Topic, "topic"), (ProducerGroup, "producer_group")):
+        key = (model, row[at])  # the row's slice of `model` starts with its id
+        related = None if shared is None else shared.get(key)
+        if related is None:
+            related = rows.load(model, row, at)
+            if shared is not None:
+                shared[key] = related
+        setattr(half, field, related)
+        at += rows.width(model)
     return half
 
 

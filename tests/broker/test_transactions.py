@@ -236,3 +236,111 @@ def test_one_final_op_per_transaction_is_enforced_by_the_database(
     half_id = OpRecord.objects.get(op="PREPARE").half_id
     with pytest.raises(IntegrityError), transaction.atomic():
         OpRecord.objects.create(half_id=half_id, op="ROLLBACK", source="SYSTEM")
+
+
+def _written(tx: str) -> tuple[Any, ...]:
+    from apps.broker.models import HalfMessage
+
+    half = HalfMessage.objects.get(transaction_id=tx)
+    entry = CommitLogEntry.objects.get(transaction_id=tx)
+    [op] = OpRecord.objects.filter(half=half, op="COMMIT")
+    assert entry.msg_id == half.msg_id
+    assert entry.stored_at == half.resolved_at == op.at
+    return (
+        half.state,
+        half.resolved_by,
+        half.next_check_at,
+        bytes(entry.body),
+        entry.body_is_binary,
+        entry.tags,
+        entry.keys,
+        entry.properties,
+        entry.producer_group,
+        entry.born_at == half.born_at,
+        entry.queue_id == half.queue_id,
+        op.source,
+        op.actor,
+        op.reason,
+        op.detail,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_one_statement_commit_writes_what_the_general_path_writes(
+    api: APIClient, setup_topic: Any, make_client: Any
+) -> None:
+    """Outside a caller's transaction a plain commit is one statement (COMMIT_AT_ONCE_SQL);
+    inside one it takes the general path (lock, then COMMIT_SQL). Both write the same rows and
+    answer the same; offsets stay dense across both."""
+    from django.db import transaction as db_transaction
+
+    names = setup_topic(queues=1)
+    extra = {"tags": "t", "keys": ["k"], "properties": {"p": "v"}}
+    at_once, general = prepare(api, names, **extra), prepare(api, names, **extra)
+    producer = make_client(f"produce:{names['producer']}")
+    answer = producer.post(
+        f"/api/v1/transactions/{at_once['transaction_id']}/commit", {"reason": "r"}, format="json"
+    )
+    first = expect(answer, 200)
+    actor = Actor(Resolver.PRODUCER, "test-producer")
+    with db_transaction.atomic():
+        resolution = transactions.transaction_commit(
+            transaction_id=general["transaction_id"], actor=actor, reason="r"
+        )
+    assert resolution.entry is not None
+    assert first["state"] == "COMMITTED"
+    assert (first["queue_offset"], resolution.entry.queue_offset) == (0, 1)
+    one, other = _written(at_once["transaction_id"]), _written(general["transaction_id"])
+    assert one[:-3] == other[:-3]  # actor names differ (token name vs "test-producer")
+    assert one[-2:] == other[-2:] == ("r", {})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_is_not_a_plain_commit_falls_back_and_answers_as_before(
+    api: APIClient, setup_topic: Any, make_client: Any
+) -> None:
+    """Outside any transaction: a repeated commit (200, nothing written), a commit after a
+    rollback (409), another group's transaction (404), a delayed commit (no offset until due),
+    a parked one (committed) - each with nothing written by the one-statement attempt."""
+    names = setup_topic()
+    api.post(
+        "/api/v1/producer-groups",
+        {"name": "other-shop", "check_url": "http://127.0.0.1:9/"},
+        format="json",
+    )
+    producer = make_client(f"produce:{names['producer']}")
+    plain = prepare(api, names)["transaction_id"]
+    expect(producer.post(f"/api/v1/transactions/{plain}/commit", {}, format="json"), 200)
+    again = expect(producer.post(f"/api/v1/transactions/{plain}/commit", {}, format="json"), 200)
+    assert again["state"] == "COMMITTED"
+    rolled = prepare(api, names)["transaction_id"]
+    expect(producer.post(f"/api/v1/transactions/{rolled}/rollback", {}, format="json"), 200)
+    assert_error(
+        producer.post(f"/api/v1/transactions/{rolled}/commit", {}, format="json"),
+        409,
+        "transaction_resolved",
+    )
+    foreign = expect(
+        api.post(
+            "/api/v1/transactions",
+            {"producer_group": "other-shop", "topic": names["topic"], "body": "x"},
+            format="json",
+        ),
+        201,
+    )["transaction_id"]
+    assert_error(
+        producer.post(f"/api/v1/transactions/{foreign}/commit", {}, format="json"), 404, "not_found"
+    )
+    delayed = prepare(api, names, delay_level=3)["transaction_id"]
+    later = expect(producer.post(f"/api/v1/transactions/{delayed}/commit", {}, format="json"), 200)
+    assert later["queue_offset"] is None
+    assert later["deliver_at"] is not None
+    parked = prepare(api, names)["transaction_id"]
+    transactions.transaction_park(
+        transaction_id=parked, actor=Actor(Resolver.CHECK_BACK, ""), reason="gave up"
+    )
+    resumed = expect(producer.post(f"/api/v1/transactions/{parked}/commit", {}, format="json"), 200)
+    assert resumed["state"] == "COMMITTED"
+    assert CommitLogEntry.objects.count() == 2  # the plain and the parked one, once each
+    assert OpRecord.objects.filter(op="COMMIT").count() == 3  # plain, delayed, parked
+    assert OpRecord.objects.filter(op="ROLLBACK").count() == 1

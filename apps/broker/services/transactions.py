@@ -229,9 +229,13 @@ def transaction_commit(
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
 ) -> Resolution:
-    resolution = _resolve(
-        transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
-    )
+    resolution = None
+    if not connection.in_atomic_block:
+        resolution = _commit_at_once(transaction_id, actor, reason, detail or {}, producer_groups)
+    if resolution is None:  # not the plain case (or inside a caller's transaction)
+        resolution = _resolve(
+            transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
+        )
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_commit_before_answer")
     return resolution
@@ -538,6 +542,105 @@ def _commit_many(
         )
         committed.append((half, entry))
     return committed
+
+
+# The plain commit (the producer's own, of an unresolved transaction of its group, visible at
+# once) as ONE statement in its own transaction: the half's row lock, COMMIT_SQL's writes, and
+# the rows the answer needs. The lock is taken in the `h` CTE with the conditions in its WHERE:
+# if another resolution holds the row, Postgres re-checks them on the row it committed, so a
+# transaction resolved meanwhile matches nothing, nothing is written, and the general path
+# (lock, then decide: 200 again, 409, 404, a delayed commit) answers. Same lock order as the
+# general path (the half, then its queue row). One round trip instead of four (BEGIN, lock,
+# COMMIT_SQL, COMMIT). Composed of constants only.
+COMMIT_AT_ONCE_SQL = f"""
+WITH h AS (
+    SELECT {rows.columns(HalfMessage, "h")} FROM broker_halfmessage h
+    JOIN broker_producergroup pg ON pg.id = h.producer_group_id
+    WHERE h.transaction_id = %(tid)s
+        AND h.state = ANY(%(unresolved)s::varchar[])
+        AND h.delay_seconds IS NULL
+        AND (h.deliver_at IS NULL OR h.deliver_at <= %(now)s)
+        AND (%(any_group)s OR pg.name = ANY(%(groups)s::varchar[]))
+    FOR UPDATE OF h
+),
+queue AS (
+    UPDATE broker_messagequeue q SET next_offset = q.next_offset + 1
+    FROM h WHERE q.topic_id = h.topic_id AND q.queue_id = h.queue_id
+    RETURNING q.next_offset - 1 AS queue_offset,
+        pg_notify('{RECEIVABLE_CHANNEL}', concat_ws(' ', q.topic_id, q.queue_id, q.next_offset - 1))
+),
+entry AS (
+    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
+        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
+    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
+        h.born_at, queue.queue_offset, g.name, h.transaction_id, %(now)s, h.topic_id
+    FROM h JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
+    RETURNING "offset", queue_offset
+),
+resolved AS (
+    UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
+        resolved_by = %(source)s, next_check_at = NULL
+    WHERE id IN (SELECT id FROM h)
+),
+op AS (
+    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
+    SELECT h.id, %(op)s, %(source)s, %(actor)s, %(reason)s, %(detail)s, %(now)s FROM h
+)
+SELECT {rows.columns(HalfMessage, "h")}, {rows.columns(Topic, "t")},
+    {rows.columns(ProducerGroup, "g")}, entry."offset", entry.queue_offset
+FROM h JOIN broker_topic t ON t.id = h.topic_id
+    JOIN broker_producergroup g ON g.id = h.producer_group_id, entry
+"""  # noqa: S608
+
+
+def _commit_at_once(
+    transaction_id: uuid.UUID,
+    actor: Actor,
+    reason: str,
+    detail: dict[str, Any],
+    producer_groups: Collection[str] | None,
+) -> Resolution | None:
+    """The plain commit in one statement (COMMIT_AT_ONCE_SQL), or None when it is not the plain
+    case (unknown, another group's, resolved already, delayed): nothing was written then."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            COMMIT_AT_ONCE_SQL,
+            {
+                "tid": transaction_id,
+                "unresolved": list(UNRESOLVED_STATES),
+                "now": now,
+                "any_group": producer_groups is None,
+                "groups": list(producer_groups or ()),
+                "state": TransactionState.COMMITTED,
+                "source": actor.source,
+                "op": OpKind.COMMIT,
+                "actor": actor.name,
+                "reason": reason,
+                "detail": json.dumps(detail),
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    half = _half_of(row)
+    half.state = TransactionState.COMMITTED
+    half.resolved_at = now
+    half.resolved_by = actor.source
+    half.next_check_at = None
+    count_resolution(outcome=TransactionState.COMMITTED, resolved_by=actor.source)
+    offset, queue_offset = row[-2], row[-1]
+    entry = CommitLogEntry(
+        offset=offset,
+        queue_offset=queue_offset,
+        msg_id=half.msg_id,
+        topic=half.topic,
+        queue_id=half.queue_id,
+        transaction_id=half.transaction_id,
+        producer_group=half.producer_group.name,
+        stored_at=now,
+    )
+    return Resolution(half, entry)
 
 
 def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:

@@ -160,8 +160,9 @@ DATABASES["default"]["ENGINE"] = "txhub.postgres"
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 # Statements a connection has run this many times are prepared on it (psycopg's auto-prepare):
-# Postgres then skips parsing and planning the hot paths' statements. Django turns this off for
-# transaction-pooling proxies (PgBouncer before 1.21); set it to "" behind one of those.
+# Postgres then skips parsing and planning the hot paths' statements. Django leaves it off by
+# default so that transaction-pooling proxies work; ours are direct connections from psycopg's
+# pool. Set it to "" behind a proxy that cannot keep prepared statements (old PgBouncer).
 # (docs/decisions/0027)
 _prepare_threshold = env_str("TXHUB_DB_PREPARE_THRESHOLD", "5")
 DATABASES["default"]["OPTIONS"]["prepare_threshold"] = (

@@ -18,10 +18,11 @@ frame:
   doors' answers, headers included, for each route).
 
 Only a plain request comes in: POST to one of the routes, no query string, a Host Django allows,
-a bearer token, a JSON object body of at most LARGE_BODY_BYTES with `application/json` (or
-nothing), an Accept that takes JSON. Everything else (and every request when a setting changes
-what the middleware would do: SSL redirect, HSTS, a proxy's headers) is answered by Django, as
-before: `prepare()` returns None, having done nothing. The decision is made before anything is
+a bearer token, no cookie, a JSON object body of at most LARGE_BODY_BYTES with its
+Content-Length and `application/json` (or no body), an Accept that takes JSON, no repeated
+header. Everything else (and every request when a setting changes what the middleware would do:
+DEBUG, SSL redirect, HSTS, a proxy's headers) is answered by Django, as before: `take()` returns
+None, having done nothing. The decision is made before anything is
 counted or stored, so a request is answered by exactly one door.
 """
 
@@ -49,7 +50,8 @@ from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.api.parsers import LimitedJSONParser
 from apps.broker.services.consuming import WaitPlan
 
-logger = logging.getLogger(__name__)
+# Where Django logs a request's unhandled exception (its 500s): the same logger for both doors.
+_request_logger = logging.getLogger("django.request")
 
 _NAME = limits.NAME_PATTERN
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
@@ -146,6 +148,7 @@ def enabled() -> bool:
     HSTS, hosts or schemes taken from a proxy's headers), or by TXHUB_LEAN_DOOR=0."""
     return bool(
         getattr(settings, "TXHUB_LEAN_DOOR", True)
+        and not settings.DEBUG  # Django's technical pages, not the contract's JSON
         and not settings.SECURE_SSL_REDIRECT
         and not settings.SECURE_HSTS_SECONDS
         and settings.SECURE_PROXY_SSL_HEADER is None
@@ -204,9 +207,11 @@ def _plain_headers(headers: dict[str, str], body_length: int) -> bool:
         return False
     if body_length > views.LARGE_BODY_BYTES:
         return False  # the large-body pre-check and limits: Django's
+    if "cookie" in headers:
+        return False  # sessions and CSRF may answer with cookies of their own: Django's part
     declared = headers.get("content-length")
-    if declared is not None and declared != str(body_length):
-        return False
+    if declared != str(body_length) and (declared is not None or body_length):
+        return False  # DRF reads a body by its declared length: one without it is Django's
     if "transfer-encoding" in headers:
         return False
     content_type = headers.get("content-type")
@@ -249,21 +254,23 @@ def answer(call: Call) -> Answer:
     request = call.request
     view = call.route.view()
     try:
-        response = _dispatch(view, request, call.kwargs)
-    except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
-        handled = exception_handler(error, {})
-        if handled is None:
-            logger.exception("Internal Server Error: %s", request.path)
-            failure = error_body(
-                "internal_error", "Something went wrong on our side; it is logged."
-            )
-            metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
-            rendered = _renderer.render(failure)
-            return Answer(500, rendered, _headers(call.route, [], rendered))
-        response = handled
+        try:
+            response = _dispatch(view, request, call.kwargs)
+        except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF
+            handled = exception_handler(error, {})
+            if handled is None:
+                raise
+            response = handled
+        body = _renderer.render(response.data) if response.data is not None else b""
+    except Exception:  # noqa: BLE001 - a bug: Django's 500 handler answers this way for the API
+        _request_logger.exception("Internal Server Error: %s", request.path)
+        failure = error_body("internal_error", "Something went wrong on our side; it is logged.")
+        rendered = _renderer.render(failure)
+        metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
+        # As handler500's answer: no Allow (DRF re-raised before finalize_response).
+        return Answer(500, rendered, _headers(None, [], rendered))
     finally:
         connections.close_all()
-    body = _renderer.render(response.data) if response.data is not None else b""
     extra = [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
         for name, value in response.items()
@@ -299,12 +306,12 @@ def _dispatch(view: APIView, request: LeanRequest, kwargs: dict[str, Any]) -> Re
 
 
 def _headers(
-    route: Route, extra: list[tuple[bytes, bytes]], body: bytes
+    route: Route | None, extra: list[tuple[bytes, bytes]], body: bytes
 ) -> list[tuple[bytes, bytes]]:
     return [
         (b"content-type", b"application/json"),
         *extra,
-        (b"allow", route.allow),
+        *([(b"allow", route.allow)] if route is not None else []),
         (b"content-length", str(len(body)).encode()),
         *middleware_headers(),
     ]

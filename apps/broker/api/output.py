@@ -5,6 +5,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 
@@ -65,7 +66,7 @@ class CompiledOut(serializers.Serializer[Any]):
         for name, lookup, field in plan:
             try:
                 attribute = lookup(instance)
-            except AttributeError:
+            except (AttributeError, KeyError, ObjectDoesNotExist):  # DRF decides what they mean
                 attribute = _DRF_WAY
             if attribute is _DRF_WAY or callable(attribute):
                 try:

@@ -238,7 +238,7 @@ _CURSORS_SQL = (
     "SELECT id, queue_id, next_offset FROM broker_consumercursor "
     "WHERE group_id = %s AND topic_id = %s ORDER BY queue_id FOR UPDATE SKIP LOCKED"
 )
-_CURSORS_WAIT_SQL = _CURSORS_SQL.removesuffix(" SKIP LOCKED")
+_CURSORS_WAIT_SQL = _CURSORS_SQL.replace(" FOR UPDATE SKIP LOCKED", " LIMIT 1 FOR UPDATE")
 _ENTRIES_SQL = (
     f"SELECT {rows.columns(CommitLogEntry, 'e')} FROM broker_commitlogentry e "  # noqa: S608
     "WHERE e.topic_id = %s AND e.queue_id = %s AND e.queue_offset >= %s "
@@ -295,11 +295,13 @@ def _take_new(
         cursors = cursor.fetchall()
         if not cursors:
             # Every queue is being read by another consumer of the group (its receive holds
-            # the cursors for a few milliseconds): wait for it rather than answer nothing while
+            # the cursors for a few milliseconds): wait for one rather than answer nothing while
             # messages are there. Answering nothing would send this consumer to wait for a
             # NOTIFY that no new message may ever send (measured: the second of two consumers
             # then idled ~1 s a round). Same lock order (queue_id) as every receive: no deadlock.
             cursor.execute(_CURSORS_WAIT_SQL, [group.pk, topic.pk])
+            # Then whatever else is free by now (the one we hold is ours to read again).
+            cursor.execute(_CURSORS_SQL, [group.pk, topic.pk])
             cursors = cursor.fetchall()
     random.shuffle(cursors)  # noqa: S311 - fairness between queues, not security
     if tags is None:

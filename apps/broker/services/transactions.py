@@ -296,7 +296,8 @@ def transaction_resolve_batch(
                 if commit and half.state in UNRESOLVED_STATES and not _delivery_due(half, now):
                     plain.setdefault((half.topic_id, half.queue_id), []).append(half)
                     continue
-                outcomes[tid] = Outcome(tid, _apply(half, target, actor, reason, None), None)
+                resolution = _apply(half, target, actor, reason, None, now)
+                outcomes[tid] = Outcome(tid, resolution, None)
             except BrokerError as error:  # raised before _apply wrote anything
                 outcomes[tid] = Outcome(tid, None, error)
         # The commits that become visible at once: one statement per queue, in (topic, queue)
@@ -357,6 +358,7 @@ def _apply(
     actor: Actor,
     reason: str,
     detail: dict[str, Any] | None,
+    now: datetime | None = None,
 ) -> Resolution:
     """`target` applied to a half message whose row the caller locked. A BrokerError is raised
     before anything is written."""
@@ -367,7 +369,9 @@ def _apply(
         return Resolution(half, entry, due, changed=False)
     if half.state not in UNRESOLVED_STATES:
         raise TransactionResolved(state=half.state)
-    now = timezone.now()
+    # A batch passes the instant it decided "visible at once or delayed" with: a half due in
+    # between must not be committed here, out of the batch's queue lock order.
+    now = now or timezone.now()
     half.state = target
     half.resolved_at = now
     half.resolved_by = actor.source
@@ -484,16 +488,18 @@ entry AS (
         h.born_at, queue.first_offset + batch.i - 1, g.name, h.transaction_id, %(now)s, h.topic_id
     FROM batch JOIN broker_halfmessage h ON h.id = batch.id
         JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
+    ORDER BY batch.i
     RETURNING transaction_id, "offset", queue_offset
 ),
 resolved AS (
     UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
         resolved_by = %(source)s, next_check_at = NULL
-    WHERE id IN (SELECT id FROM batch)
+    WHERE id IN (SELECT id FROM batch) AND EXISTS (SELECT 1 FROM entry)
 ),
 op AS (
     INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
     SELECT id, %(op)s, %(source)s, %(actor)s, %(reason)s, '{{}}'::jsonb, %(now)s FROM batch
+    WHERE EXISTS (SELECT 1 FROM entry)
 )
 SELECT transaction_id, "offset", queue_offset FROM entry
 """  # noqa: S608
@@ -521,7 +527,8 @@ def _commit_many(
             },
         )
         stored = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-    assert len(stored) == len(halves), "every half is locked by us"  # noqa: S101
+    if len(stored) != len(halves):  # every half is locked by us and its queue row exists
+        raise RuntimeError(f"batch commit stored {len(stored)} of {len(halves)} rows")
     committed = []
     for half in halves:
         half.state = TransactionState.COMMITTED
@@ -580,11 +587,12 @@ entry AS (
 resolved AS (
     UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
         resolved_by = %(source)s, next_check_at = NULL
-    WHERE id IN (SELECT id FROM h)
+    WHERE id IN (SELECT id FROM h) AND EXISTS (SELECT 1 FROM entry)
 ),
 op AS (
     INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
     SELECT h.id, %(op)s, %(source)s, %(actor)s, %(reason)s, %(detail)s, %(now)s FROM h
+    WHERE EXISTS (SELECT 1 FROM entry)
 )
 SELECT {rows.columns(HalfMessage, "h")}, {rows.columns(Topic, "t")},
     {rows.columns(ProducerGroup, "g")}, entry."offset", entry.queue_offset

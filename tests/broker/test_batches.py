@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
 from tests.conftest import Server
-from tests.helpers import assert_error, expect
+from tests.helpers import assert_error, commit_written, expect
 
 SEND = "/api/v1/topics/orders/messages:batch"
 
@@ -345,33 +345,9 @@ def test_a_batch_commit_stores_what_single_commits_store_in_batch_order(
     offsets = [s["result"]["queue_offset"] for s in slots]
     assert offsets == [3, 4, 5]  # after the three single commits, in the batch's order
 
-    def written(tx: str) -> tuple[Any, ...]:
-        half = HalfMessage.objects.get(transaction_id=tx)
-        entry = CommitLogEntry.objects.get(transaction_id=tx)
-        [op] = OpRecord.objects.filter(half=half, op="COMMIT")
-        assert entry.msg_id == half.msg_id
-        assert entry.stored_at == half.resolved_at == op.at
-        return (
-            half.state,
-            half.resolved_by,
-            half.next_check_at,
-            bytes(entry.body),
-            entry.body_is_binary,
-            entry.tags,
-            entry.keys,
-            entry.properties,
-            entry.producer_group,
-            entry.born_at == half.born_at,
-            entry.queue_id,
-            op.source,
-            op.actor,
-            op.reason,
-            op.detail,
-        )
-
     for single, batch in zip(singles, batched, strict=True):
-        assert written(single) == written(batch)
-    assert written(batched[1])[3:8] == (b"\x00\x01\x02", True, "t", ["k1", "k2"], {"p": "v"})
+        assert commit_written(single) == commit_written(batch)
+    assert commit_written(batched[1])[3:8] == (b"\x00\x01\x02", True, "t", ["k1", "k2"], {"p": "v"})
     entries = CommitLogEntry.objects.order_by("queue_offset")
     assert [e.queue_offset for e in entries] == list(range(6))
     assert [str(e.transaction_id) for e in entries][3:] == order

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from apps.broker.models import CommitLogEntry, OpRecord, Resolver
 from apps.broker.services import transactions
 from apps.broker.services.transactions import Actor
-from tests.helpers import assert_error, expect
+from tests.helpers import assert_error, commit_written, expect
 
 
 def prepare(api: APIClient, names: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -238,33 +238,6 @@ def test_one_final_op_per_transaction_is_enforced_by_the_database(
         OpRecord.objects.create(half_id=half_id, op="ROLLBACK", source="SYSTEM")
 
 
-def _written(tx: str) -> tuple[Any, ...]:
-    from apps.broker.models import HalfMessage
-
-    half = HalfMessage.objects.get(transaction_id=tx)
-    entry = CommitLogEntry.objects.get(transaction_id=tx)
-    [op] = OpRecord.objects.filter(half=half, op="COMMIT")
-    assert entry.msg_id == half.msg_id
-    assert entry.stored_at == half.resolved_at == op.at
-    return (
-        half.state,
-        half.resolved_by,
-        half.next_check_at,
-        bytes(entry.body),
-        entry.body_is_binary,
-        entry.tags,
-        entry.keys,
-        entry.properties,
-        entry.producer_group,
-        entry.born_at == half.born_at,
-        entry.queue_id == half.queue_id,
-        op.source,
-        op.actor,
-        op.reason,
-        op.detail,
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_one_statement_commit_writes_what_the_general_path_writes(
     api: APIClient, setup_topic: Any, make_client: Any
@@ -290,7 +263,8 @@ def test_the_one_statement_commit_writes_what_the_general_path_writes(
     assert resolution.entry is not None
     assert first["state"] == "COMMITTED"
     assert (first["queue_offset"], resolution.entry.queue_offset) == (0, 1)
-    one, other = _written(at_once["transaction_id"]), _written(general["transaction_id"])
+    one = commit_written(at_once["transaction_id"])
+    other = commit_written(general["transaction_id"])
     assert one[:-3] == other[:-3]  # actor names differ (token name vs "test-producer")
     assert one[-2:] == other[-2:] == ("r", {})
 

@@ -129,18 +129,22 @@ def commit_log_append(
     )
 
 
-# Appends messages to one queue in one statement: takes as many offsets as there are messages
-# (the queue row stays locked until the transaction ends: see NEXT_QUEUE_OFFSET_SQL), inserts them
-# in the order given, and announces them with one NOTIFY whose payload ends with their number.
-# Composed of constants only; every value is bound by the server.
-APPEND_SQL = f"""
-WITH queue AS (
+# TAKE_OFFSETS_SQL takes `n` offsets of one queue (and announces them with one NOTIFY whose
+# payload ends with their number), as a CTE of APPEND_SQL and of a batch commit's statement.
+TAKE_OFFSETS_SQL = f"""
     UPDATE broker_messagequeue SET next_offset = next_offset + %(n)s
     WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s
     RETURNING next_offset - %(n)s AS first_offset,
         pg_notify('{RECEIVABLE_CHANNEL}',
             concat_ws(' ', topic_id, queue_id, next_offset - %(n)s, %(n)s))
-)
+"""  # noqa: S608 - a constant
+
+# Appends messages to one queue in one statement: takes as many offsets as there are messages
+# (the queue row stays locked until the transaction ends: see NEXT_QUEUE_OFFSET_SQL), inserts them
+# in the order given, and announces them with one NOTIFY whose payload ends with their number.
+# Composed of constants only; every value is bound by the server.
+APPEND_SQL = f"""
+WITH queue AS ({TAKE_OFFSETS_SQL})
 INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
     body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
 SELECT m.msg_id, %(queue_id)s, m.tags, m.keys::jsonb, m.properties::jsonb, m.body,

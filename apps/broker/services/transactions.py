@@ -36,6 +36,7 @@ from apps.broker.services.errors import BrokerError, Conflict, NotFound, Transac
 from apps.broker.services.sending import (
     NEXT_QUEUE_OFFSET_SQL,
     RECEIVABLE_CHANNEL,
+    TAKE_OFFSETS_SQL,
     OutgoingMessage,
     queue_for,
 )
@@ -456,9 +457,14 @@ def _commit_statement(
         )
         row = cursor.fetchone()
     assert row is not None, "the half row is locked by us, so the insert happened"  # noqa: S101
+    return _log_entry(half, row[0], row[1], now)
+
+
+def _log_entry(half: HalfMessage, offset: int, queue_offset: int, now: datetime) -> CommitLogEntry:
+    """The commit-log row a commit statement stored for `half`, as the answer needs it."""
     return CommitLogEntry(
-        offset=row[0],
-        queue_offset=row[1],
+        offset=offset,
+        queue_offset=queue_offset,
         msg_id=half.msg_id,
         topic=half.topic,
         queue_id=half.queue_id,
@@ -468,18 +474,22 @@ def _commit_statement(
     )
 
 
+def _committed_in_sql(half: HalfMessage, actor: Actor, now: datetime) -> None:
+    """`half` as a one-statement commit left its row (COMMIT_MANY_SQL, COMMIT_AT_ONCE_SQL), and
+    the resolution counted, as `_apply` does for the general path."""
+    half.state = TransactionState.COMMITTED
+    half.resolved_at = now
+    half.resolved_by = actor.source
+    half.next_check_at = None
+    count_resolution(outcome=TransactionState.COMMITTED, resolved_by=actor.source)
+
+
 # COMMIT_SQL for many half messages of one queue: their offsets taken together (in the order
 # given) and announced by one NOTIFY, their rows copied into the commit log, the halves marked
 # COMMITTED and their COMMIT ops appended, in one statement (one round trip instead of one per
 # transaction; invariant 3 holds per row as in COMMIT_SQL). Composed of constants only.
 COMMIT_MANY_SQL = f"""
-WITH queue AS (
-    UPDATE broker_messagequeue SET next_offset = next_offset + %(n)s
-    WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s
-    RETURNING next_offset - %(n)s AS first_offset,
-        pg_notify('{RECEIVABLE_CHANNEL}',
-            concat_ws(' ', topic_id, queue_id, next_offset - %(n)s, %(n)s))
-),
+WITH queue AS ({TAKE_OFFSETS_SQL}),
 batch AS (SELECT id, i FROM unnest(%(half_ids)s::bigint[]) WITH ORDINALITY AS b(id, i)),
 entry AS (
     INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
@@ -531,23 +541,8 @@ def _commit_many(
         raise RuntimeError(f"batch commit stored {len(stored)} of {len(halves)} rows")
     committed = []
     for half in halves:
-        half.state = TransactionState.COMMITTED
-        half.resolved_at = now
-        half.resolved_by = actor.source
-        half.next_check_at = None
-        count_resolution(outcome=TransactionState.COMMITTED, resolved_by=actor.source)
-        offset, queue_offset = stored[half.transaction_id]
-        entry = CommitLogEntry(
-            offset=offset,
-            queue_offset=queue_offset,
-            msg_id=half.msg_id,
-            topic=half.topic,
-            queue_id=half.queue_id,
-            transaction_id=half.transaction_id,
-            producer_group=half.producer_group.name,
-            stored_at=now,
-        )
-        committed.append((half, entry))
+        _committed_in_sql(half, actor, now)
+        committed.append((half, _log_entry(half, *stored[half.transaction_id], now)))
     return committed
 
 
@@ -632,23 +627,8 @@ def _commit_at_once(
     if row is None:
         return None
     half = _half_of(row)
-    half.state = TransactionState.COMMITTED
-    half.resolved_at = now
-    half.resolved_by = actor.source
-    half.next_check_at = None
-    count_resolution(outcome=TransactionState.COMMITTED, resolved_by=actor.source)
-    offset, queue_offset = row[-2], row[-1]
-    entry = CommitLogEntry(
-        offset=offset,
-        queue_offset=queue_offset,
-        msg_id=half.msg_id,
-        topic=half.topic,
-        queue_id=half.queue_id,
-        transaction_id=half.transaction_id,
-        producer_group=half.producer_group.name,
-        stored_at=now,
-    )
-    return Resolution(half, entry)
+    _committed_in_sql(half, actor, now)
+    return Resolution(half, _log_entry(half, row[-2], row[-1], now))
 
 
 def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:

@@ -50,10 +50,12 @@ class TxhubASGIHandler(ASGIHandler):
         )
         # Receives run in threads of their own: a storm of consumers (500 reconnecting at once,
         # each making its first try) queues behind itself, never in front of a producer's send.
-        self.lean = lean.enabled()
         self.receive_executor = ThreadPoolExecutor(
             max_workers=settings.TXHUB_WEB_RECEIVE_THREADS, thread_name_prefix="txhub-receive"
         )
+
+        # The hot calls' door without Django's request cycle (apps/broker/api/lean.py).
+        self.lean = lean.enabled()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

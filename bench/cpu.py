@@ -19,7 +19,9 @@ from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
 WEB = re.compile(r"gunicorn|uvicorn|daphne|hypercorn|granian|txhub\.(a|w)sgi")
-CELERY = re.compile(r"celery")
+# Servers only: a `celery inspect ping` (run.sh's start-up check) is a client whose parent, run.sh,
+# is not counted, so its time would vanish from the sum when it exits (a negative delta).
+CELERY = re.compile(r"celery .*\b(worker|beat)\b")
 
 
 @dataclass

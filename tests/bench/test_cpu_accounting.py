@@ -1,0 +1,68 @@
+"""bench/cpu.py: a part's CPU is a sum that only grows while the servers run (issue 10: the old
+accounting printed negative Postgres CPU when backends exited), and client commands are not
+servers."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import cpu  # noqa: E402
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def _named(argv0: str, code: str, cwd: Path) -> subprocess.Popen[bytes]:
+    """A Python process whose command line reads like `argv0` (what cpu.py matches)."""
+    return subprocess.Popen(
+        ["bash", "-c", f'exec -a "{argv0}" {sys.executable} -c "$0"', code], cwd=cwd
+    )
+
+
+def test_a_worker_child_that_exits_stays_counted(tmp_path: Path) -> None:
+    # A prefork "worker" whose child burns 0.4 s of CPU and exits; the worker waits for it.
+    code = (
+        "import os, time\n"
+        "time.sleep(0.5)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        + "".join("    " + line + "\n" for line in BURN.format(s=0.4).splitlines())
+        + "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "time.sleep(30)\n"
+    )
+    worker = _named("celery -A txhub worker -Q celery", code, tmp_path)
+    try:
+        time.sleep(0.2)
+        before = cpu.sample(tmp_path, "/nonexistent")
+        deadline = time.monotonic() + 10
+        while True:
+            after = cpu.sample(tmp_path, "/nonexistent")
+            spent = cpu.delta(before, after)["celery"]
+            if spent >= 350 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        # The child's 0.4 s, now in the worker's cutime after it exited and was waited for.
+        assert spent >= 350, spent
+        later = cpu.delta(before, cpu.sample(tmp_path, "/nonexistent"))["celery"]
+        assert later >= spent
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_celery_client_command_is_not_a_server(tmp_path: Path) -> None:
+    # run.sh's `celery inspect ping` exits and its parent (run.sh) is not counted: counting it
+    # while it lives would make the sum drop when it exits.
+    client = _named(
+        "celery -A txhub inspect ping", BURN.format(s=0.3) + "time.sleep(30)\n", tmp_path
+    )
+    try:
+        time.sleep(0.6)
+        assert cpu.sample(tmp_path, "/nonexistent").parts["celery"] == 0
+    finally:
+        client.kill()
+        client.wait()

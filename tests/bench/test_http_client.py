@@ -1,0 +1,72 @@
+"""bench/http_client.py, the load generator's hand-written HTTP/1.1 client: against the real
+server (the lean door takes its requests, answers are read whole across keep-alive requests), and
+against canned answers for what it must refuse rather than guess."""
+
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import produce_consume  # noqa: E402
+from http_client import Client  # noqa: E402
+
+
+def test_a_message_made_and_taken_through_the_client(server: Server) -> None:
+    _, raw = server.token("admin")["Authorization"].split(" ")
+    base = server.url("/api/v1")
+    produce_consume.make_topic(base, raw, "bench-client")
+    client = Client(base, raw)
+    for _ in range(3):  # one keep-alive connection for all of them
+        assert produce_consume.single(client, "bench-client") == 1
+    receive = {"topic": "bench-client", "max_messages": 32, "wait_seconds": 1}
+    messages = client.post("/consumer-groups/bench-client/receive", receive)["messages"]
+    assert [m["body"] for m in messages] == ["bench message body"] * 3
+    handles = [m["receipt_handle"] for m in messages]
+    acked = client.post("/consumer-groups/bench-client/ack", {"receipt_handles": handles})
+    assert sorted(acked["acked"]) == sorted(handles)
+    assert acked["invalid"] == []
+    with pytest.raises(RuntimeError, match="404"):
+        client.post("/consumer-groups/no-such-group/receive", receive)
+
+
+def _serve(listener: socket.socket, answers: list[bytes]) -> None:
+    """Answers each request with the next canned answer, written in two pieces (the client must
+    read across recv() boundaries); closes the connection after an answer that says so."""
+    while answers:
+        conn, _ = listener.accept()
+        with conn:
+            while answers and conn.recv(65536):
+                answer = answers.pop(0)
+                conn.sendall(answer[:20])
+                conn.sendall(answer[20:])
+                if b"Connection: close" in answer:
+                    break
+
+
+def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
+    answers = [
+        b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"a": 1}',
+        b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\n{"b": 2}',
+        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    ]
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        serving = threading.Thread(target=_serve, args=(listener, answers), daemon=True)
+        serving.start()
+        client = Client(f"http://127.0.0.1:{listener.getsockname()[1]}/api/v1", "t")
+        assert client.post("/x") == {"a": 1}
+        assert client.post("/x") == {"b": 2}  # on the same connection
+        assert client.sock is None  # closed as the server said; the next call connects again
+        assert client.post("/x") == {}
+        with pytest.raises(RuntimeError, match="without Content-Length"):
+            client.post("/x")
+        serving.join(timeout=5)
+        assert not serving.is_alive()
+        assert not answers  # the four answers went to four requests: keep-alive, then anew

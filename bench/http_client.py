@@ -6,7 +6,8 @@ HTTP/1.1 over one socket, written by hand: http.client parses every response's h
 email package, which cost the load generator ~0.44 ms of CPU per message (prepare + commit),
 taken from the server's cores. This reads only what it needs: the status, Content-Length and
 Connection; anything it does not understand (no Content-Length, an unexpected close) is an error,
-never a guess.
+never a guess. A kept-alive connection that the server closed while it idled is replaced and
+the request sent again (the server closed it before reading anything of it).
 """
 
 import json
@@ -42,11 +43,21 @@ class Client:
         return dict(json.loads(answer))
 
     def _exchange(self, request: bytes) -> tuple[int, bytes]:
+        reused = self.sock is not None
         if self.sock is None:
             self.sock = socket.create_connection(self.address)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.buffer = b""
-        self.sock.sendall(request)
+        try:
+            self.sock.sendall(request)
+            self._fill()
+        except (ConnectionError, BrokenPipeError):
+            if not reused:
+                raise
+            # No answer at all on a kept-alive connection: the server closed it while it idled
+            # (gunicorn's keep-alive is 2 s), before our request; sent again on a new one.
+            self.close()
+            return self._exchange(request)
         while b"\r\n\r\n" not in self.buffer:
             self._fill()
         head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)

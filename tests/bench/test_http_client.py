@@ -46,15 +46,16 @@ def _serve(listener: socket.socket, answers: list[bytes]) -> None:
                 answer = answers.pop(0)
                 conn.sendall(answer[:20])
                 conn.sendall(answer[20:])
-                if b"Connection: close" in answer:
-                    break
+                if b"Connection: close" in answer or b"X-Then: hang-up" in answer:
+                    break  # the second: closed without a word, as a keep-alive timeout does
 
 
 def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
     answers = [
         b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"a": 1}',
         b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\n{"b": 2}',
-        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nX-Then: hang-up\r\n\r\n{}",
+        b'HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{"c": 3}',
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     ]
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -65,8 +66,9 @@ def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
         assert client.post("/x") == {"b": 2}  # on the same connection
         assert client.sock is None  # closed as the server said; the next call connects again
         assert client.post("/x") == {}
+        assert client.post("/x") == {"c": 3}  # sent again on a new connection
         with pytest.raises(RuntimeError, match="without Content-Length"):
             client.post("/x")
         serving.join(timeout=5)
         assert not serving.is_alive()
-        assert not answers  # the four answers went to four requests: keep-alive, then anew
+        assert not answers  # five answers to five requests, on three connections

@@ -51,7 +51,7 @@ class Client:
         try:
             self.sock.sendall(request)
             self._fill()
-        except (ConnectionError, BrokenPipeError):
+        except ConnectionError:  # BrokenPipeError and ConnectionResetError among them
             if not reused:
                 raise
             # No answer at all on a kept-alive connection: the server closed it while it idled

@@ -1,11 +1,13 @@
 """bench/http_client.py, the load generator's hand-written HTTP/1.1 client: against the real
-server (the lean door takes its requests, answers are read whole across keep-alive requests), and
+server (answers read whole across keep-alive requests; that the lean door takes them is in
+tests/broker/test_lean_door.py), and
 against canned answers for what it must refuse rather than guess."""
 
 import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,18 +38,23 @@ def test_a_message_made_and_taken_through_the_client(server: Server) -> None:
         client.post("/consumer-groups/no-such-group/receive", receive)
 
 
-def _serve(listener: socket.socket, answers: list[bytes]) -> None:
+def _serve(listener: socket.socket, answers: list[bytes], seen: dict[str, Any]) -> None:
     """Answers each request with the next canned answer, written in two pieces (the client must
-    read across recv() boundaries); closes the connection after an answer that says so."""
-    while answers:
-        conn, _ = listener.accept()
-        with conn:
-            while answers and conn.recv(65536):
-                answer = answers.pop(0)
-                conn.sendall(answer[:20])
-                conn.sendall(answer[20:])
-                if b"Connection: close" in answer or b"X-Then: hang-up" in answer:
-                    break  # the second: closed without a word, as a keep-alive timeout does
+    read across recv() boundaries); closes the connection after an answer that says so. Counts
+    the connections; an exception is kept for the test to raise."""
+    try:
+        while answers:
+            conn, _ = listener.accept()
+            seen["connections"] += 1
+            with conn:
+                while answers and conn.recv(65536):
+                    answer = answers.pop(0)
+                    conn.sendall(answer[:20])
+                    conn.sendall(answer[20:])
+                    if b"Connection: close" in answer or b"X-Then: hang-up" in answer:
+                        break  # the second: closed without a word, as a keep-alive timeout does
+    except BaseException as error:  # noqa: BLE001 - re-raised in the test's thread
+        seen["error"] = error
 
 
 def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
@@ -59,7 +66,8 @@ def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     ]
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        serving = threading.Thread(target=_serve, args=(listener, answers), daemon=True)
+        seen: dict[str, Any] = {"connections": 0, "error": None}
+        serving = threading.Thread(target=_serve, args=(listener, answers, seen), daemon=True)
         serving.start()
         client = Client(f"http://127.0.0.1:{listener.getsockname()[1]}/api/v1", "t")
         assert client.post("/x") == {"a": 1}
@@ -71,4 +79,7 @@ def test_keep_alive_a_close_and_an_answer_without_a_length() -> None:
             client.post("/x")
         serving.join(timeout=5)
         assert not serving.is_alive()
-        assert not answers  # five answers to five requests, on three connections
+        if seen["error"] is not None:
+            raise seen["error"]
+        assert not answers  # five answers to five requests,
+        assert seen["connections"] == 3  # on three connections: kept alive, closed, hung up

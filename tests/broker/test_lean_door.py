@@ -420,6 +420,27 @@ def test_a_waiting_receive_through_the_lean_door_is_woken_by_a_send(
     assert lean_server.lean_answers() >= before + 2
 
 
+def test_the_bench_client_is_answered_by_the_lean_door(
+    world: dict[str, str], lean_server: Door
+) -> None:
+    """`make bench` measures the hot calls through bench/http_client.py (decision 0028): its
+    requests must be plain, or the figures would be Django's path."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from http_client import Client
+
+    client = Client(f"http://127.0.0.1:{lean_server.port}{PREFIX}", world["admin"])
+    before = lean_server.lean_answers()
+    half = client.post("/transactions", {"producer_group": "lean-p", "topic": "lean", "body": "b"})
+    client.post(f"/transactions/{half['transaction_id']}/commit")
+    got = client.post("/consumer-groups/lean-c/receive", {"topic": "lean", "max_messages": 8})
+    assert [m["body"] for m in got["messages"]] == ["b"]
+    handles = [m["receipt_handle"] for m in got["messages"]]
+    client.post("/consumer-groups/lean-c/ack", {"receipt_handles": handles})
+    assert lean_server.lean_answers() == before + 4
+
+
 def test_take_refuses_whatever_is_not_plain() -> None:
     headers = [
         (b"host", b"127.0.0.1:8000"),

@@ -35,7 +35,7 @@ trap stop INT TERM EXIT
 access_log=()
 if [ -n "${TXHUB_ACCESS_LOG:-}" ]; then access_log=(--access-logfile "$TXHUB_ACCESS_LOG"); fi
 "$BIN/gunicorn" txhub.asgi:application --bind "127.0.0.1:$PORT" \
-  --worker-class uvicorn_worker.UvicornWorker --workers "${TXHUB_WEB_WORKERS:-2}" \
+  --worker-class txhub.worker.TxhubWorker --workers "${TXHUB_WEB_WORKERS:-2}" \
   "${access_log[@]}" --graceful-timeout 10 &
 pids+=($!)
 # The RocketMQ 5 gRPC door (apps/broker/grpc): TXHUB_GRPC_PROCESSES processes share the port

@@ -125,7 +125,7 @@ def web_command(port: int, *, workers: int, graceful_timeout: int = 30) -> list[
         "--bind",
         f"127.0.0.1:{port}",
         "--worker-class",
-        "uvicorn_worker.UvicornWorker",
+        "txhub.worker.TxhubWorker",
         "--workers",
         str(workers),
         "--graceful-timeout",

@@ -1,5 +1,6 @@
-"""ASGI entry point: `gunicorn -k uvicorn_worker.UvicornWorker txhub.asgi:application` (make run).
-See txhub/web.py and docs/decisions/0024."""
+"""ASGI entry point: `gunicorn -k txhub.worker.TxhubWorker txhub.asgi:application` (make run; the
+worker is uvicorn's, sending each answer in one write: txhub/worker.py). See txhub/web.py and
+docs/decisions/0024."""
 
 import os
 

@@ -196,7 +196,7 @@ class Cluster:
             "--bind",
             f"127.0.0.1:{self.web_port}",
             "--worker-class",
-            "uvicorn_worker.UvicornWorker",
+            "txhub.worker.TxhubWorker",
             "--workers",
             str(self.web_workers),
             "--graceful-timeout",

@@ -34,7 +34,10 @@ class MessageQueue(models.Model):
     N+1 is handed out only after N is visible (CONTRACT invariant 5).
     """
 
-    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, related_name="message_queues")
+    # No index of its own: message_queue_unique leads with it (see decision 0030).
+    topic = models.ForeignKey(
+        Topic, on_delete=models.CASCADE, related_name="message_queues", db_index=False
+    )
     queue_id = models.PositiveSmallIntegerField()
     next_offset = models.BigIntegerField(default=0)
 
@@ -164,7 +167,8 @@ class HalfMessage(MessageFields):
     """A prepared transactional message: invisible to consumers until committed."""
 
     transaction_id = models.UUIDField(unique=True, default=uuid.uuid4)
-    producer_group = models.ForeignKey(ProducerGroup, on_delete=models.PROTECT)
+    # No index of its own: half_group_state_idx leads with it (see decision 0030).
+    producer_group = models.ForeignKey(ProducerGroup, on_delete=models.PROTECT, db_index=False)
     topic = models.ForeignKey(Topic, on_delete=models.PROTECT)
     state = models.CharField(
         max_length=16, choices=TransactionState.choices, default=TransactionState.PREPARED
@@ -233,7 +237,10 @@ FINAL_OPS = (OpKind.COMMIT, OpKind.ROLLBACK)
 class OpRecord(models.Model):
     """Append-only: one event in a half message's life, with who decided and why."""
 
-    half = models.ForeignKey(HalfMessage, on_delete=models.CASCADE, related_name="ops")
+    # No index of its own: op_half_idx leads with it (see decision 0030).
+    half = models.ForeignKey(
+        HalfMessage, on_delete=models.CASCADE, related_name="ops", db_index=False
+    )
     op = models.CharField(max_length=16, choices=OpKind.choices)
     source = models.CharField(max_length=16, choices=Resolver.choices)
     actor = models.CharField(max_length=150, blank=True)
@@ -264,7 +271,9 @@ class CommitLogEntry(MessageFields):
     """A visible message. `offset` is global; (topic, queue_id, queue_offset) is dense per queue."""
 
     offset = models.BigAutoField(primary_key=True)
-    topic = models.ForeignKey(Topic, on_delete=models.PROTECT)
+    # No index of its own: commit_log_position_unique leads with it. A topic-only index was what
+    # the planner took for a new topic's reads (decision 0030).
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT, db_index=False)
     queue_offset = models.BigIntegerField()
     producer_group = models.CharField(max_length=127)
     # Unique: a committed transaction appears in the commit log exactly once (invariant 3).
@@ -290,8 +299,11 @@ class CommitLogEntry(MessageFields):
 class ConsumerCursor(models.Model):
     """Next queue offset a consumer group has not yet taken from one queue."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="cursors")
-    topic = models.ForeignKey(Topic, on_delete=models.CASCADE)
+    # No indexes of their own: consumer_cursor_unique serves every read (decision 0030).
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="cursors", db_index=False
+    )
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, db_index=False)
     queue_id = models.PositiveSmallIntegerField()
     next_offset = models.BigIntegerField()
 
@@ -315,8 +327,14 @@ class DeliveryState(models.TextChoices):
 class Delivery(models.Model):
     """One committed message as seen by one consumer group."""
 
-    group = models.ForeignKey(ConsumerGroup, on_delete=models.CASCADE, related_name="deliveries")
-    topic = models.ForeignKey(Topic, on_delete=models.CASCADE)
+    # No indexes of their own: delivery_unique and delivery_inflight_idx lead with the group; a
+    # group-only or topic-only index was what the planner took for a new group's acks and
+    # receives, reading every delivery of it (decision 0030). A topic with deliveries has commit
+    # log entries, which PROTECT it from deletion, so the cascade never needs a topic index.
+    group = models.ForeignKey(
+        ConsumerGroup, on_delete=models.CASCADE, related_name="deliveries", db_index=False
+    )
+    topic = models.ForeignKey(Topic, on_delete=models.CASCADE, db_index=False)
     message = models.ForeignKey(CommitLogEntry, on_delete=models.CASCADE, related_name="deliveries")
     state = models.CharField(
         max_length=8, choices=DeliveryState.choices, default=DeliveryState.INFLIGHT

@@ -327,15 +327,20 @@ class DeliveryState(models.TextChoices):
 class Delivery(models.Model):
     """One committed message as seen by one consumer group."""
 
-    # No indexes of their own: delivery_unique and delivery_inflight_idx lead with the group; a
-    # group-only or topic-only index was what the planner took for a new group's acks and
-    # receives, reading every delivery of it (decision 0030). A topic with deliveries has commit
-    # log entries, which PROTECT it from deletion, so the cascade never needs a topic index.
+    # No indexes of their own: the only indexes led by the group are partial (what is in flight,
+    # what is dead-lettered), and delivery_unique leads with the message. An index with every
+    # delivery a group ever had, led by the group, was what the planner took for a new group's
+    # acks (counting on one row for a group the statistics do not know) and read it all
+    # (decision 0030). A topic with deliveries has commit log entries, which PROTECT it from
+    # deletion, so the cascade never needs a topic index.
     group = models.ForeignKey(
         ConsumerGroup, on_delete=models.CASCADE, related_name="deliveries", db_index=False
     )
     topic = models.ForeignKey(Topic, on_delete=models.CASCADE, db_index=False)
-    message = models.ForeignKey(CommitLogEntry, on_delete=models.CASCADE, related_name="deliveries")
+    # No index of its own: delivery_unique leads with it (the retention sweep's cascade).
+    message = models.ForeignKey(
+        CommitLogEntry, on_delete=models.CASCADE, related_name="deliveries", db_index=False
+    )
     state = models.CharField(
         max_length=8, choices=DeliveryState.choices, default=DeliveryState.INFLIGHT
     )
@@ -349,7 +354,7 @@ class Delivery(models.Model):
     dlq_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["group", "message"], name="delivery_unique")]
+        constraints = [models.UniqueConstraint(fields=["message", "group"], name="delivery_unique")]
         indexes = [
             models.Index(
                 fields=["group", "topic", "invisible_until"],

@@ -35,9 +35,15 @@ def _history(topic: Topic, group: ConsumerGroup) -> None:
         cursor.execute(
             "INSERT INTO broker_delivery (group_id, topic_id, message_id, state, attempts, "
             "invisible_until, handle_token, first_received_at, last_received_at, acked_at) "
-            "SELECT %s, %s, e.offset, 'ACKED', 1, now(), 't', now(), now(), now() "
+            "SELECT %s, %s, e.offset, 'INFLIGHT', 1, now(), 't', now(), now(), NULL "
             "FROM broker_commitlogentry e WHERE e.topic_id = %s",
             [group.pk, topic.pk, topic.pk],
+        )
+        # Acked as consumers ack: each row was in flight first, and the in-flight index keeps
+        # its entries until vacuum.
+        cursor.execute(
+            "UPDATE broker_delivery SET state = 'ACKED', acked_at = now() WHERE group_id = %s",
+            [group.pk],
         )
         cursor.execute(
             "UPDATE broker_messagequeue SET next_offset = %s WHERE topic_id = %s",
@@ -109,3 +115,18 @@ def test_a_new_group_on_a_new_topic_reads_only_what_it_takes(
     # statements that take NEW messages read a few rows per queue and per message.
     assert after_receive - before <= 10 * NEW, after_receive - before
     assert after_ack - after_receive <= 2 * NEW, after_ack - after_receive
+
+
+@pytest.mark.django_db
+def test_the_indexes_led_by_the_group_on_deliveries_hold_only_what_it_holds_now() -> None:
+    """The planner may take any index led by the group for a group it does not know; each of
+    them must hold the group's in-flight or dead-lettered rows only, never its acked history."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, i.indpred IS NOT NULL FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+            "WHERE i.indrelid = 'broker_delivery'::regclass AND a.attname = 'group_id'"
+        )
+        led_by_group = dict(cursor.fetchall())
+    assert led_by_group == {"delivery_inflight_idx": True, "delivery_dlq_idx": True}

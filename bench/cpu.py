@@ -37,14 +37,29 @@ def _proc_ms(pid: str) -> float:
     return sum(int(value) for value in fields[11:15]) * 1000 / TICKS
 
 
-def sample(root: Path, pg_data_dir: str) -> Sample:
+def _zombie_parent(pid: str) -> tuple[str, float] | None:
+    """(parent pid, ms) of a child that exited and is not yet waited for, else None. Its time is
+    in neither its parent's cutime nor a cmdline we could match until the parent reaps it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    if fields[0] != "Z":
+        return None
+    return fields[1], sum(int(value) for value in fields[11:15]) * 1000 / TICKS
+
+
+def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset[str]]:
+    """ms per part, and which processes were counted ("pid" live, "pid Z" not yet reaped)."""
     parts = {"web": 0.0, "postgres": 0.0, "celery": 0.0}
+    part_of: dict[str, str] = {}
+    zombies: dict[str, tuple[str, float]] = {}
     me = os.getpid()
-    root_text = str(root.resolve())
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == me:
             continue
         try:
+            zombie = _zombie_parent(pid)
+            if zombie is not None:
+                zombies[pid] = zombie
+                continue
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             cwd = os.readlink(f"/proc/{pid}/cwd")
             if cmdline.startswith("postgres") and cwd == pg_data_dir:
@@ -60,8 +75,29 @@ def sample(root: Path, pg_data_dir: str) -> Sample:
             # Only the top of each tree is counted with its children's exited time; a live
             # child is counted itself, so nothing is counted twice.
             parts[part] += _proc_ms(pid)
+            part_of[pid] = part
         except (OSError, IndexError, ValueError):
             continue  # exited while we looked: its time is now in its parent's cutime
+    counted = set(part_of)
+    for pid, (parent, ms) in zombies.items():
+        # Counted with its parent's part, as it will be once reaped (in the parent's cutime).
+        if parent in part_of:
+            parts[part_of[parent]] += ms
+            counted.add(f"{pid} Z")
+    return parts, frozenset(counted)
+
+
+def sample(root: Path, pg_data_dir: str) -> Sample:
+    root_text = str(root.resolve())
+    # A child reaped (or exiting) while /proc is read can be missed, or counted twice, in that
+    # one read: two reads that counted the same processes in the same states saw none of that.
+    parts, counted = _scan(root_text, pg_data_dir)
+    for _ in range(5):
+        again, counted_again = _scan(root_text, pg_data_dir)
+        if counted_again == counted:
+            parts = again
+            break
+        parts, counted = again, counted_again
     cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     values = [int(v) for v in cpu]
     busy = sum(values) - values[3] - values[4]  # all but idle and iowait

@@ -54,6 +54,32 @@ def test_a_worker_child_that_exits_stays_counted(tmp_path: Path) -> None:
         worker.wait()
 
 
+def test_a_child_that_exited_and_is_not_yet_reaped_stays_counted(tmp_path: Path) -> None:
+    # The worker's child burns 0.4 s and exits; the worker reaps it only 3 s later. Meanwhile
+    # the child is a zombie: no command line to match, its time not yet in the worker's cutime.
+    code = (
+        "import os, time\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        + "".join("    " + line + "\n" for line in BURN.format(s=0.4).splitlines())
+        + "    os._exit(0)\n"
+        "time.sleep(3)\n"
+        "os.waitpid(pid, 0)\n"
+        "time.sleep(30)\n"
+    )
+    worker = _named("celery -A txhub worker -Q celery", code, tmp_path)
+    try:
+        time.sleep(1.5)  # the child has burnt its 0.4 s and exited; not reaped before 3 s
+        while_zombie = cpu.sample(tmp_path, "/nonexistent").parts["celery"]
+        assert while_zombie >= 350, while_zombie
+        time.sleep(2.5)
+        reaped = cpu.sample(tmp_path, "/nonexistent").parts["celery"]
+        assert reaped >= while_zombie
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_a_celery_client_command_is_not_a_server(tmp_path: Path) -> None:
     # run.sh's `celery inspect ping` exits and its parent (run.sh) is not counted: counting it
     # while it lives would make the sum drop when it exits.

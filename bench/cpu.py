@@ -31,19 +31,11 @@ class Sample:
     own_ms: float  # this bench process and its waited-for children (pgbench, Django setup)
 
 
-def _proc_ms(pid: str) -> float:
+def _stat(pid: str) -> tuple[str, str, float]:
+    """(state, parent pid, ms of CPU with its waited-for children's) from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # utime, stime, cutime, cstime (fields 14-17 of proc(5); index 11-14 after the comm field)
-    return sum(int(value) for value in fields[11:15]) * 1000 / TICKS
-
-
-def _zombie_parent(pid: str) -> tuple[str, float] | None:
-    """(parent pid, ms) of a child that exited and is not yet waited for, else None. Its time is
-    in neither its parent's cutime nor a cmdline we could match until the parent reaps it."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    if fields[0] != "Z":
-        return None
-    return fields[1], sum(int(value) for value in fields[11:15]) * 1000 / TICKS
+    # state, ppid, then utime, stime, cutime, cstime (fields 3, 4, 14-17 of proc(5))
+    return fields[0], fields[1], sum(int(value) for value in fields[11:15]) * 1000 / TICKS
 
 
 def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset[str]]:
@@ -56,9 +48,11 @@ def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset
         if not pid.isdigit() or int(pid) == me:
             continue
         try:
-            zombie = _zombie_parent(pid)
-            if zombie is not None:
-                zombies[pid] = zombie
+            state, parent, ms = _stat(pid)
+            if state == "Z":
+                # Exited, not yet waited for: no command line to match, and its time is not in
+                # its parent's cutime until the parent reaps it.
+                zombies[pid] = (parent, ms)
                 continue
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -74,7 +68,7 @@ def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset
                 continue
             # Only the top of each tree is counted with its children's exited time; a live
             # child is counted itself, so nothing is counted twice.
-            parts[part] += _proc_ms(pid)
+            parts[part] += ms
             part_of[pid] = part
         except (OSError, IndexError, ValueError):
             continue  # exited while we looked: its time is now in its parent's cutime

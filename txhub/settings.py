@@ -328,6 +328,10 @@ TXHUB_LONG_POLL_FALLBACK = env_float("TXHUB_LONG_POLL_FALLBACK", 1.0)
 TXHUB_WEB_THREADS = env_int("TXHUB_WEB_THREADS", 16)
 # ... and receives, in threads of their own: consumers arriving all at once queue among themselves.
 TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
+# ... and the hot calls the lean door answers (prepare, commit, rollback, send, ack, the batches),
+# in a small pool of their own (docs/decisions/0031): each holds the GIL only briefly between two
+# waits on Postgres, so a few threads per process keep two cores busy; 16 took turns instead.
+TXHUB_WEB_HOT_THREADS = env_int("TXHUB_WEB_HOT_THREADS", 4)
 # The hot calls (prepare, commit, rollback, send, receive, ack, their batches) answered by the same
 # views without Django's request cycle (apps/broker/api/lean.py, docs/decisions/0027); 0: Django
 # answers everything.

@@ -4,9 +4,11 @@ threads runs Django.
 - The whole body is read on the event loop before any thread is involved, so a client that
   trickles its request in holds a socket and a coroutine, never a thread or a connection.
 - Then Django's ordinary sync stack (middleware, DRF view, ORM) runs for the request in one hop to
-  a thread of this process's pool (TXHUB_WEB_THREADS), which gives its database connection back
-  to psycopg's pool when the request is done. Same code, same answers as under gthread; one thread
-  hop per request instead of one per middleware (Django's own ASGIHandler in sync mode).
+  a thread of this process's pool (TXHUB_WEB_THREADS; the lean door's hot calls:
+  TXHUB_WEB_HOT_THREADS; receives: TXHUB_WEB_RECEIVE_THREADS), which gives its database
+  connection back to psycopg's pool when the request is done. Same code, same answers as under
+  gthread; one thread hop per request instead of one per middleware (Django's own ASGIHandler in
+  sync mode).
 - A receive with `wait_seconds` that found nothing waits on the event loop afterwards
   (apps/broker/api/long_poll.py), holding no thread and no connection.
 """
@@ -52,6 +54,15 @@ class TxhubASGIHandler(ASGIHandler):
         # each making its first try) queues behind itself, never in front of a producer's send.
         self.receive_executor = ThreadPoolExecutor(
             max_workers=settings.TXHUB_WEB_RECEIVE_THREADS, thread_name_prefix="txhub-receive"
+        )
+
+        # The hot calls the lean door takes (except receives) run in a small pool of their own
+        # (docs/decisions/0031): a few threads keep the cores busy for calls that each hold the
+        # GIL for ~0.2 ms between two waits on Postgres; more only take turns at the GIL and the
+        # queue rows' locks, and a slow page of Django's (the console, an export) can never hold
+        # the threads the producers need.
+        self.hot_executor = ThreadPoolExecutor(
+            max_workers=settings.TXHUB_WEB_HOT_THREADS, thread_name_prefix="txhub-hot"
         )
 
         # The hot calls' door without Django's request cycle (apps/broker/api/lean.py).
@@ -126,7 +137,7 @@ class TxhubASGIHandler(ASGIHandler):
         if call is None:
             return False
         receiving = call.route.view is views.ReceiveView
-        executor = self.receive_executor if receiving else self.executor
+        executor = self.receive_executor if receiving else self.hot_executor
         answer: lean.Answer = await self.in_plain_thread(lambda: lean.answer(call), executor)
         if answer.plan is not None:
             response = HttpResponse(answer.body, status=answer.status)
@@ -201,6 +212,7 @@ class TxhubASGIHandler(ASGIHandler):
                 await wakeups.hub().stop()
                 self.executor.shutdown(wait=False)
                 self.receive_executor.shutdown(wait=False)
+                self.hot_executor.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

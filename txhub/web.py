@@ -58,9 +58,9 @@ class TxhubASGIHandler(ASGIHandler):
 
         # The hot calls the lean door takes (except receives) run in a small pool of their own
         # (docs/decisions/0031): a few threads keep the cores busy for calls that each hold the
-        # GIL for ~0.2 ms between two waits on Postgres; more only take turns at the GIL and the
-        # queue rows' locks, and a slow page of Django's (the console, an export) can never hold
-        # the threads the producers need.
+        # GIL for a fraction of a millisecond between their waits on Redis and Postgres; more
+        # only take turns at the GIL and the queue rows' locks; and a slow page of Django's (the
+        # console, an export) can never hold the threads the producers need.
         self.hot_executor = ThreadPoolExecutor(
             max_workers=settings.TXHUB_WEB_HOT_THREADS, thread_name_prefix="txhub-hot"
         )

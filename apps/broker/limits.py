@@ -49,11 +49,13 @@ DELAY_LEVEL_SECONDS = (
 
 
 class LimitError(ValueError):
-    """A value breaks a contract limit; `too_large` marks the 413 case."""
+    """A value breaks a contract limit; `too_large` marks the 413 case; `field` names the input
+    at fault when the check looks at several."""
 
-    def __init__(self, message: str, *, too_large: bool = False) -> None:
+    def __init__(self, message: str, *, too_large: bool = False, field: str = "") -> None:
         super().__init__(message)
         self.too_large = too_large
+        self.field = field
 
 
 def check_text(value: str) -> str:
@@ -96,13 +98,18 @@ def check_body_size(body: bytes) -> bytes:
 
 def check_meta(*, tags: str, keys: list[str], properties: dict[str, str]) -> None:
     if len(properties) > settings.TXHUB_MAX_PROPERTIES:
-        raise LimitError(f"At most {settings.TXHUB_MAX_PROPERTIES} properties are accepted.")
-    size = len(tags.encode()) + sum(len(k.encode()) for k in keys)
-    size += sum(len(k.encode()) + len(v.encode()) for k, v in properties.items())
+        raise LimitError(
+            f"At most {settings.TXHUB_MAX_PROPERTIES} properties are accepted.", field="properties"
+        )
+    keys_size = sum(len(k.encode()) for k in keys)
+    properties_size = sum(len(k.encode()) + len(v.encode()) for k, v in properties.items())
+    size = len(tags.encode()) + keys_size + properties_size
     if size > settings.TXHUB_MAX_META_BYTES:
         raise LimitError(
             f"Keys, tags and properties take {size} bytes; at most "
-            f"{settings.TXHUB_MAX_META_BYTES} are accepted."
+            f"{settings.TXHUB_MAX_META_BYTES} are accepted.",
+            # The tag is short (check_tag), so keys or properties are what is too large.
+            field="properties" if properties_size >= keys_size else "keys",
         )
 
 

@@ -205,7 +205,7 @@ class MessageIn(StrictSerializer):
                 tags=tags, keys=attrs.get("keys", []), properties=attrs.get("properties", {})
             )
         except limits.LimitError as error:
-            raise serializers.ValidationError({"tags": [str(error)]}) from None
+            raise serializers.ValidationError({error.field or "tags": [str(error)]}) from None
         if any(not key.strip() for key in attrs.get("keys", [])):
             raise serializers.ValidationError({"keys": ["A key must not be blank."]})
         if any(not name for name in attrs.get("properties", {})):

@@ -6,7 +6,9 @@ import base64
 import hashlib
 import hmac
 import json
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -61,7 +63,17 @@ class Checker:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                """An exception in a request thread (a broken `decide`, a bad body) is kept and
+                fails the test at close(), not printed and lost: otherwise it would look like an
+                unreachable producer. A caller that hung up (txhub's deadline) is not an error."""
+                error = sys.exc_info()[1]
+                if not isinstance(error, ConnectionError):
+                    checker.errors.append("".join(traceback.format_exception(error)))
+
+        self.errors: list[str] = []
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/check"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -75,3 +87,8 @@ class Checker:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        if self.errors:
+            raise AssertionError(
+                f"the fake producer's request threads raised {len(self.errors)} time(s):\n"
+                + self.errors[0]
+            )

@@ -28,16 +28,19 @@ def at(seconds: float) -> datetime:
 
 @pytest.fixture
 def frames(spark: SparkSession) -> dict[str, DataFrame]:
+    # Groups (10 shop, 20 billing) and topics (30 orders, 40 refunds) have ids no other table
+    # shares, and transactions spread over all four pairs: a join on the wrong key finds nothing
+    # or the wrong pair (the summary test).
     halves = [
-        (1, "t1", 1, 1, "COMMITTED", at(0), at(1), "PRODUCER"),  # fine
-        (2, "t2", 1, 1, "COMMITTED", at(0), at(2), "CHECK_BACK"),  # lost commit
-        (3, "t3", 1, 1, "ROLLED_BACK", at(0), at(3), "PRODUCER"),  # leaked rollback
-        (4, "t4", 1, 1, "COMMITTED", at(0), at(4), "OPERATOR"),  # conflicting, duplicate
-        (5, "t5", 1, 1, "PREPARED", at(0), None, ""),  # drift: has a COMMIT op (and log row)
-        (6, "t6", 1, 1, "PARKED", at(0), None, ""),  # fine: parked, then PARK op
-        (7, "t7", 1, 1, "PARKED", at(0), None, ""),  # drift: resumed after the park
-        (8, "t8", 1, 1, "PREPARED", at(-400_000), None, ""),  # stuck
-        (9, "t9", 1, 1, "COMMITTED", at(0), at(5), "PRODUCER"),  # fine: delayed, waiting
+        (1, "t1", 10, 30, "COMMITTED", at(0), at(1), "PRODUCER"),  # fine
+        (2, "t2", 10, 30, "COMMITTED", at(0), at(2), "CHECK_BACK"),  # lost commit
+        (3, "t3", 10, 40, "ROLLED_BACK", at(0), at(3), "PRODUCER"),  # leaked rollback
+        (4, "t4", 20, 30, "COMMITTED", at(0), at(4), "OPERATOR"),  # conflicting, duplicate
+        (5, "t5", 20, 30, "PREPARED", at(0), None, ""),  # drift: has a COMMIT op (and log row)
+        (6, "t6", 20, 40, "PARKED", at(0), None, ""),  # fine: parked, then PARK op
+        (7, "t7", 10, 30, "PARKED", at(0), None, ""),  # drift: resumed after the park
+        (8, "t8", 20, 40, "PREPARED", at(-400_000), None, ""),  # stuck
+        (9, "t9", 20, 40, "COMMITTED", at(0), at(5), "PRODUCER"),  # fine: delayed, waiting
     ]
     ops = [
         (11, 1, "t1", "COMMIT", "PRODUCER", at(1)),
@@ -52,13 +55,13 @@ def frames(spark: SparkSession) -> dict[str, DataFrame]:
         (20, 9, "t9", "COMMIT", "PRODUCER", at(5)),
     ]
     log = [
-        (100, "t1", 1, at(1)),
-        (101, "t3", 1, at(3)),
-        (102, "t4", 1, at(4)),
-        (103, "t4", 1, at(4)),
-        (104, "t5", 1, at(5)),
-        (105, "t-phantom", 1, at(5)),
-        (106, None, 1, at(5)),  # a plain send: no transaction, never a phantom
+        (100, "t1", 30, at(1)),
+        (101, "t3", 40, at(3)),
+        (102, "t4", 30, at(4)),
+        (103, "t4", 30, at(4)),
+        (104, "t5", 30, at(5)),
+        (105, "t-phantom", 30, at(5)),
+        (106, None, 30, at(5)),  # a plain send: no transaction, never a phantom
     ]
     delayed = [
         (200, "t9", at(60)),  # due later: fine
@@ -218,8 +221,10 @@ def test_all_candidates_is_the_union_of_every_finder(
 def test_summary_counts_outcomes_resolvers_and_time_to_resolution(
     spark: SparkSession, frames: dict[str, DataFrame]
 ) -> None:
-    groups = spark.createDataFrame([(1, "shop")], "group_id long, producer_group string")
-    topics = spark.createDataFrame([(1, "orders")], "topic_pk long, topic string")
+    groups = spark.createDataFrame(
+        [(10, "shop"), (20, "billing")], "group_id long, producer_group string"
+    )
+    topics = spark.createDataFrame([(30, "orders"), (40, "refunds")], "topic_pk long, topic string")
     found = transforms.summary(
         frames["halves"],
         groups,
@@ -227,13 +232,19 @@ def test_summary_counts_outcomes_resolvers_and_time_to_resolution(
         day_start=datetime(2026, 11, 21, tzinfo=UTC),
         day_end=datetime(2026, 11, 22, tzinfo=UTC),
     )
-    # Resolved in the day: t1 (1 s), t2 (2 s), t3 (3 s), t4 (4 s), t9 (5 s).
+    # Resolved in the day: t1 (1 s), t2 (2 s), t3 (3 s), t4 (4 s), t9 (5 s); parked: t6, t7.
     assertDataFrameEqual(
         found,
         spark.createDataFrame(
-            [("shop", "orders", 4, 1, 3, 1, 1, 2, 3000.0, 5000.0)],
+            [
+                ("billing", "orders", 1, 0, 0, 0, 1, 0, 4000.0, 4000.0),  # t4, t5
+                ("billing", "refunds", 1, 0, 1, 0, 0, 1, 5000.0, 5000.0),  # t6, t8, t9
+                ("shop", "orders", 2, 0, 1, 1, 0, 1, 1000.0, 2000.0),  # t1, t2, t7
+                ("shop", "refunds", 0, 1, 1, 0, 0, 0, 3000.0, 3000.0),  # t3
+            ],
             "producer_group string, topic string, committed long, rolled_back long, "
             "by_producer long, by_check_back long, by_operator long, parked long, "
             "median_ms double, p99_ms double",
         ),
+        checkRowOrder=True,
     )

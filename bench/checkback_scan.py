@@ -40,7 +40,7 @@ FROM generate_series(1, %(pending)s) AS g
 def measure(pending: int, due: int, tag: str, rounds: int = 5) -> float:
     topic = registry.topic_create(name=f"bench-scan-{tag}", queues=1)
     group = registry.producer_group_create(
-        name=f"bench-scan-{tag}", check_url="http://127.0.0.1:9/"
+        name=f"bench-scan-{tag}", check_url="https://127.0.0.1:9/"
     )
     with connection.cursor() as cursor:
         started = time.perf_counter()

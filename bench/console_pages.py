@@ -73,7 +73,7 @@ def main() -> None:
     tag = uuid.uuid4().hex[:8]
     topic = registry.topic_create(name=f"bench-console-{tag}", queues=1)
     group = registry.producer_group_create(
-        name=f"bench-console-{tag}", check_url="http://127.0.0.1:9/"
+        name=f"bench-console-{tag}", check_url="https://127.0.0.1:9/"
     )
     password = uuid.uuid4().hex
     user = User.objects.create_user(f"bench-{tag}", password=password)

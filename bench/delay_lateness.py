@@ -37,7 +37,7 @@ def main() -> None:
     name = f"bench-delay-{int(time.time())}"
     admin = Client(args.url + "/api/v1", token)
     admin.post("/topics", {"name": name, "queues": 4})
-    admin.post("/producer-groups", {"name": name, "check_url": "http://127.0.0.1:9/"})
+    admin.post("/producer-groups", {"name": name, "check_url": "https://127.0.0.1:9/"})
     admin.post("/consumer-groups", {"name": name})
     # Due times start once every message can have been sent (sending takes a while here).
     start = datetime.now(UTC) + timedelta(seconds=max(20.0, args.messages / 250))

@@ -67,7 +67,7 @@ def measure(count: int, spark: SparkSession) -> None:
     tag = uuid.uuid4().hex[:8]
     topic = registry.topic_create(name=f"bench-reconcile-{tag}", queues=3)
     group = registry.producer_group_create(
-        name=f"bench-reconcile-{tag}", check_url="http://127.0.0.1:9/"
+        name=f"bench-reconcile-{tag}", check_url="https://127.0.0.1:9/"
     )
     day = (datetime.now(UTC) - timedelta(days=1)).date()
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)

@@ -26,6 +26,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--senders", type=int, default=4)
+    parser.add_argument(
+        "--lead",
+        type=float,
+        default=None,
+        help="seconds before the first is due (default: enough to send all)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
     import django
@@ -40,7 +46,8 @@ def main() -> None:
     admin.post("/producer-groups", {"name": name, "check_url": "https://127.0.0.1:9/"})
     admin.post("/consumer-groups", {"name": name})
     # Due times start once every message can have been sent (sending takes a while here).
-    start = datetime.now(UTC) + timedelta(seconds=max(20.0, args.messages / 250))
+    lead = args.lead if args.lead is not None else max(20.0, args.messages / 250)
+    start = datetime.now(UTC) + timedelta(seconds=lead)
     due: dict[str, datetime] = {}
     lock = threading.Lock()
 

@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import cpu  # noqa: E402
 from http_client import Client  # noqa: E402
 
-PG_PORT = os.environ.get("TXHUB_PG_PORT", "54329")
 BATCH = 64
+# How a step that ran another bench program says it failed (the run then exits non-zero).
+FAILED = "step failed: "
 
 PGBENCH_SCRIPT = """
 \\set q random(0, 3)
@@ -245,13 +246,16 @@ def run_pgbench(name: str, clients: int, seconds: int, mode: str = "simple") -> 
         "cgroup_id": group.pk,
         "token_hash": f"'{ApiToken.objects.order_by('-id').first().token_hash}'",  # type: ignore[union-attr]
     }
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]  # the database the server uses (DATABASE_URL), not a guess
     pgbench = next(Path("/usr/lib/postgresql").glob("*/bin/pgbench"))
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
         script.write(PGBENCH_SCRIPT)
         script.flush()
-        command = [str(pgbench), "-h", "127.0.0.1", "-p", PG_PORT, "-U", "txhub", "-n"]
+        command = [str(pgbench), "-h", db["HOST"], "-p", str(db["PORT"]), "-U", db["USER"], "-n"]
         command += ["-c", str(clients), "-j", "2", "-T", str(seconds), "-M", mode]
-        command += ["-f", script.name, "txhub"]
+        command += ["-f", script.name, db["NAME"]]
         for key, value in variables.items():
             command += ["-D", f"{key}={value}"]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -272,7 +276,7 @@ def run_waiting(url: str, token: str, consumers: int) -> list[str]:
     env = {**os.environ, "TXHUB_BENCH_TOKEN": token}
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
-        return [f"{script.name} failed ({result.returncode}): {result.stderr.strip()[-400:]}"]
+        return [f"{FAILED}{script.name} ({result.returncode}): {result.stderr.strip()[-400:]}"]
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
@@ -281,7 +285,7 @@ def run_oncommit(seconds: float, producers: int) -> list[str]:
     command += ["--seconds", str(seconds), "--producers", str(producers)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        return [f"oncommit failed ({result.returncode}): {result.stderr.strip()[-600:]}"]
+        return [f"{FAILED}oncommit ({result.returncode}): {result.stderr.strip()[-600:]}"]
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
@@ -291,7 +295,7 @@ def run_grpc(url: str, seconds: float) -> list[str]:
     command += ["--seconds", str(seconds)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        return [f"grpc_send failed ({result.returncode}): {result.stderr.strip()[-600:]}"]
+        return [f"{FAILED}grpc_send ({result.returncode}): {result.stderr.strip()[-600:]}"]
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
@@ -404,15 +408,16 @@ def main() -> None:
     print(f"server CPU, single at {peak_n} producers: {split(f'single_{peak_n}_')}")
     if "batched" not in skip and not any(r["batched_rate"] != r["batched_rate"] for r in runs):
         print(f"server CPU, batched:  {split('batched_')}")
+    steps: list[list[str]] = []
     if "grpc" not in skip:
-        for line in run_grpc(args.url, args.seconds):
-            print(line)
+        steps.append(run_grpc(args.url, args.seconds))
     if "oncommit" not in skip:
-        for line in run_oncommit(args.seconds, peak_n):
-            print(line)
+        steps.append(run_oncommit(args.seconds, peak_n))
     # Last: a server that holds a thread per wait stays busy with them after the bench gives up.
     if "waiting" not in skip:
-        for line in run_waiting(args.url, token, args.waiting):
+        steps.append(run_waiting(args.url, token, args.waiting))
+    for lines in steps:
+        for line in lines:
             print(line)
     if "failpoints" not in skip:
         site_ns = unarmed_failpoint_ns()
@@ -423,6 +428,9 @@ def main() -> None:
             f"{SITES_PER_MESSAGE} sites per message "
             f"= {share:.5f} % of the server CPU per message"
         )
+    failed = [lines[0] for lines in steps if lines and lines[0].startswith(FAILED)]
+    if failed:
+        sys.exit(f"{len(failed)} step(s) failed: " + "; ".join(failed))
 
 
 # prepare (after_half_insert), commit (after_commit_before_answer), ack (after_ack_before_answer)

@@ -178,18 +178,19 @@ class Cluster:
         )
         return done.stdout
 
-    def _spawn(self, *command: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, *command: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             list(command),
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=self.logs,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
-    def web_start(self) -> None:
-        # As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0024).
+    def web_start(self, **env: str) -> None:
+        """As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0024); `env` adds
+        variables for this start only."""
         self.web = self._spawn(
             str(BIN / "gunicorn"),
             "txhub.asgi:application",
@@ -201,6 +202,7 @@ class Cluster:
             str(self.web_workers),
             "--graceful-timeout",
             "5",
+            env=env,
         )
         wait_for(lambda: requests.get(self.base + "/healthz", timeout=1).ok, 30, "gunicorn")
 

@@ -15,8 +15,8 @@ from redis.exceptions import RedisError
 
 from tests.conftest import BIN, ROOT, db_url_for_tests
 
-# The Redis (and Postgres) of this checkout's services.sh: tests that stop and restart them use
-# the same environment variables, so they can run against services of their own.
+# The Redis of this checkout's services.sh (also `make run`'s): tests never stop it; a test that
+# stops Redis or Postgres uses a server of its own (PrivateRedis, the `private_cluster` fixture).
 REDIS_PORT = os.environ.get("TXHUB_REDIS_PORT", "63799")
 TEST_BROKER_URL = f"redis://127.0.0.1:{REDIS_PORT}/1"
 
@@ -95,7 +95,7 @@ class Celery:
         while names - answered and time.monotonic() < deadline:
             for died in [w for w in self.workers if w.poll() is not None]:
                 raise AssertionError(f"celery worker exited with {died.returncode}")
-            control = CeleryApp(broker=TEST_BROKER_URL)
+            control = CeleryApp(broker=self.env["CELERY_BROKER_URL"])
             try:
                 replies = control.control.ping(destination=sorted(names - answered), timeout=1)
                 answered |= {name for reply in replies for name in reply}
@@ -128,6 +128,17 @@ class Celery:
     def _name_of(worker: subprocess.Popen[bytes]) -> str:
         args = [str(arg) for arg in worker.args]  # type: ignore[union-attr]
         return args[args.index("-n") + 1].replace("%h", socket.gethostname())
+
+    def tasks_run_by(self, worker: subprocess.Popen[bytes]) -> dict[str, int]:
+        """How many of each task this worker has run (its `celery inspect stats`)."""
+        name = self._name_of(worker)
+        control = CeleryApp(broker=self.env["CELERY_BROKER_URL"])
+        try:
+            stats = control.control.inspect(destination=[name], timeout=5).stats() or {}
+        finally:
+            control.close()
+        assert name in stats, f"celery worker {name} did not answer `inspect stats`"
+        return {task: int(count) for task, count in stats[name].get("total", {}).items()}
 
     def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
         """SIGKILL the worker and its pool processes: a crash, not a shutdown."""
@@ -184,3 +195,76 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: floa
             return value
         time.sleep(interval)
     return predicate()
+
+
+class PrivateRedis:
+    """A Redis server of one test's own, on a free port: stopping it harms no other test and
+    not the `make run` on this machine."""
+
+    def __init__(self, directory: Path) -> None:
+        from tests.conftest import free_port
+
+        self.port = free_port()
+        self.dir = directory
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return done.stdout.strip()
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port)]
+            + ["--dir", str(self.dir), "--appendonly", "yes", "--save", ""],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        while self.cli("ping") != "PONG":
+            assert self.process.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, "redis-server did not answer in 20 s"
+            time.sleep(0.05)
+
+    def shutdown(self) -> None:
+        """SHUTDOWN NOSAVE, as an operator's or a crash's loss of the broker."""
+        self.cli("shutdown", "nosave")
+        if self.process is not None:
+            self.process.wait(timeout=20)
+            self.process = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    (tmp_path / "redis").mkdir()
+    redis = PrivateRedis(tmp_path / "redis")
+    redis.start()
+    yield redis
+    if redis.process is not None:
+        redis.shutdown()
+
+
+@pytest.fixture(scope="session")
+def private_cluster() -> Iterator[Any]:
+    """Postgres, Redis and (when a test starts it) gunicorn of their own, on free ports, for the
+    tests that crash Postgres: they must never stop the servers other tests or `make run` use
+    (issue 27). Shared by those tests, one at a time; each uses names of its own."""
+    from tests.chaos.cluster import Cluster
+
+    cluster = Cluster(settings={}, web_workers=1)
+    try:
+        cluster.pg_init()
+        cluster.redis_start()
+        yield cluster
+    finally:
+        cluster.stop()
+        cluster.cleanup()

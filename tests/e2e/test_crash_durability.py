@@ -1,39 +1,41 @@
 """CONTRACT invariant 4: a 2xx to a send or a commit means durable. Kill the web server with
 SIGKILL and crash Postgres (immediate stop, WAL replay on start): every acknowledged message is
-still there and is delivered."""
+still there and is delivered. On a Postgres of the test's own (`private_cluster`)."""
 
 import os
 import signal
-import subprocess
+from typing import Any
 
 import pytest
 import requests
-from django.conf import settings
-from django.db import connection
-
-from apps.broker.models import CommitLogEntry
-from apps.broker.services import registry
-from tests.conftest import ROOT, free_port, start_gunicorn
 
 pytestmark = pytest.mark.e2e
 
 
-def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db: None) -> None:
-    registry.topic_create(name="orders", queues=2)
-    registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
-    registry.consumer_group_create(name="billing", max_delivery_attempts=16, consume_from="first")
-    _, raw = registry.token_create(name="t", scopes=["admin"])
-    headers = {"Authorization": f"Bearer {raw}"}
-    port = free_port()
-    base = f"http://127.0.0.1:{port}/api/v1"
-    web = start_gunicorn(port, workers=1, threads=4)
+def test_acknowledged_messages_survive_a_web_and_database_crash(private_cluster: Any) -> None:
+    cluster = private_cluster
+    token = cluster.manage("create_token", "crash", "--scope", "admin").strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    base = f"{cluster.base}/api/v1"
+    cluster.web_start(TXHUB_WEB_THREADS="4")
+    setup = [
+        ("/topics", {"name": "crash-orders", "queues": 2}),
+        ("/producer-groups", {"name": "crash-shop", "check_url": "https://127.0.0.1:9/"}),
+        (
+            "/consumer-groups",
+            {"name": "crash-billing", "max_delivery_attempts": 16, "consume_from": "first"},
+        ),
+    ]
+    for path, body in setup:
+        created = requests.post(base + path, headers=headers, json=body, timeout=10)
+        assert created.status_code == 201, created.text
     acknowledged = []
     for i in range(20):
         sent = requests.post(
-            f"{base}/topics/orders/messages",
+            f"{base}/topics/crash-orders/messages",
             headers=headers,
             timeout=10,
-            json={"producer_group": "shop", "body": f"sent {i}"},
+            json={"producer_group": "crash-shop", "body": f"sent {i}"},
         )
         assert sent.status_code == 201
         acknowledged.append(sent.json()["msg_id"])
@@ -41,7 +43,7 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
             f"{base}/transactions",
             headers=headers,
             timeout=10,
-            json={"producer_group": "shop", "topic": "orders", "body": f"tx {i}"},
+            json={"producer_group": "crash-shop", "topic": "crash-orders", "body": f"tx {i}"},
         )
         assert prepared.status_code == 201, prepared.text
         tx = prepared.json()
@@ -51,32 +53,30 @@ def test_acknowledged_messages_survive_a_web_and_database_crash(transactional_db
         assert committed.status_code == 200
         acknowledged.append(tx["msg_id"])
 
-    os.killpg(web.pid, signal.SIGKILL)
-    web.wait()
-    # The Postgres this test's database lives on (TXHUB_PG_PORT is what services.sh restarts).
-    pg_port = str(settings.DATABASES["default"]["PORT"])
-    subprocess.run(
-        [str(ROOT / "scripts" / "services.sh"), "restart-postgres", "--immediate"],
-        check=True,
-        env={**os.environ, "TXHUB_PG_PORT": pg_port},
-    )
-    connection.close()  # this test's own connection died with the server; the pool hands a new one
+    os.killpg(cluster.web.pid, signal.SIGKILL)
+    cluster.web.wait()
+    cluster.pg_stop("immediate")  # a crash: no shutdown checkpoint, WAL replay on start
+    cluster.pg_start()
 
-    assert set(CommitLogEntry.objects.values_list("msg_id", flat=True)) == set(acknowledged)
-    web = start_gunicorn(port, workers=1, threads=4)
+    stored = cluster.sql(
+        "SELECT msg_id FROM broker_commitlogentry JOIN broker_topic t ON t.id = topic_id "
+        "WHERE t.name = 'crash-orders'"
+    )
+    assert {row[0] for row in stored} == set(acknowledged)
+    cluster.web_start(TXHUB_WEB_THREADS="4")
     try:
         received = set()
         for _ in range(5):
             answer = requests.post(
-                f"{base}/consumer-groups/billing/receive",
+                f"{base}/consumer-groups/crash-billing/receive",
                 headers=headers,
                 timeout=10,
-                json={"topic": "orders", "max_messages": 32},
+                json={"topic": "crash-orders", "max_messages": 32},
             )
             assert answer.status_code == 200, answer.text
-            batch = answer.json()["messages"]
-            received |= {m["msg_id"] for m in batch}
+            received |= {m["msg_id"] for m in answer.json()["messages"]}
         assert received == set(acknowledged)
     finally:
-        os.killpg(web.pid, signal.SIGTERM)
-        web.wait(timeout=30)
+        os.killpg(cluster.web.pid, signal.SIGTERM)
+        cluster.web.wait(timeout=30)
+        cluster.web = None

@@ -54,6 +54,7 @@ class Context:
     workload: Workload
     endpoint: CheckEndpoint  # the producer's check endpoint, on the loopback
     violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what happened, printed with -v
 
     def set_check_url(self, url: str) -> None:
         response = requests.patch(
@@ -100,13 +101,52 @@ def redis_paused(ctx: Context) -> None:
     time.sleep(paused_ms / 1000 + 1)
 
 
+def _started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): a pid's identity, as pids are reused."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def web_worker_stopped(ctx: Context) -> None:
-    victim = ctx.cluster.web_worker_pids()[0]
+    """A worker frozen (SIGSTOP) for 20 s. gunicorn's arbiter may replace it meanwhile: a
+    uvicorn worker touches its heartbeat once per --timeout, so a long pause outlives it and the
+    arbiter kills the worker. Either way the history must show nothing lost; the case records
+    which happened instead of assuming the worker is still there to resume."""
+    before = ctx.cluster.web_worker_pids()
+    victim = before[0]
+    born = _started_at(victim)
     os.kill(victim, signal.SIGSTOP)
     try:
         time.sleep(20 * ctx.scale)
     finally:
-        os.kill(victim, signal.SIGCONT)
+        resumed = False
+        if _started_at(victim) == born:
+            try:
+                os.kill(victim, signal.SIGCONT)
+                resumed = True
+            except ProcessLookupError:  # reaped between the look and the signal
+                pass
+    time.sleep(2)  # a pending SIGABRT of the arbiter's acts once the worker runs again
+    alive = _started_at(victim) == born
+    deadline = time.monotonic() + 15  # the arbiter forks a replacement for a worker it reaped
+    while (
+        len(after := ctx.cluster.web_worker_pids()) != len(before) and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    fate = (
+        "resumed and still serving"
+        if resumed and alive
+        else "resumed, then ended by the arbiter's pending signal"
+        if resumed
+        else "replaced by gunicorn's arbiter while stopped"
+    )
+    ctx.notes.append(f"stopped worker {victim}: {fate}; workers {before} -> {after}")
+    if len(after) != len(before):
+        ctx.violations.append(
+            f"gunicorn has {len(after)} workers after the case, not {len(before)}"
+        )
 
 
 def callback_black_holed(ctx: Context) -> None:
@@ -252,6 +292,7 @@ def run_case(
         history.dump(out / f"history-{case.name}.jsonl")
     report = check(case.name, workload.topic, history, cluster.sql)
     report.violations = context.violations
+    report.notes.extend(context.notes)
     unknown = Counter(op.f for op in history.ops if op.type == "info" and op.f != "receive")
     replayed = sum(1 for op in history.ops if op.result.get("replayed"))
     report.notes.append(

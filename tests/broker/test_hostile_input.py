@@ -127,6 +127,34 @@ def test_a_hostile_path_parameter_is_a_json_404_and_stores_nothing(
     world()
 
 
+def well_formed(template: str) -> str:
+    """A value each route's converter takes (the object need not exist)."""
+    if "/transactions/" in template:
+        return str(uuid.uuid4())
+    if template.endswith(("/tokens/{}", "/reconciliations/{}")):
+        return "7"
+    if template.endswith(("/dlq/{}/resend", "/messages/{}")):
+        return MSG
+    return "orders"
+
+
+@pytest.mark.parametrize(
+    ("method", "template"),
+    [pytest.param(m, t, id=f"{m} {t}") for m, t in NAME_PATHS + ID_PATHS],
+)
+def test_a_well_formed_path_parameter_reaches_the_routes_view(
+    api: APIClient, world: Callable[[], None], method: str, template: str
+) -> None:
+    """The positive control of the hostile-path cases: any unknown path is a JSON 404 too, so
+    those would pass with the route deleted. A well-formed value must reach the route's view:
+    whatever it answers (even its own 404), it is not the router's."""
+    payload = {**GOOD, "check_url": "http://127.0.0.1:9/", "receipt_handles": ["1.a"]}
+    response = send_json(api, method, template.format(well_formed(template)), payload)
+    assert response.status_code != 405, response.content[:300]
+    if response.status_code == 404:
+        assert response.json()["error"]["message"] != "No such API endpoint.", template
+
+
 @pytest.mark.parametrize(
     "path",
     [

@@ -220,7 +220,7 @@ LOGIN_REDIRECT_URL = "/console/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
 # --- Cache and API rate limits (docs/decisions/0011) --------------------------------------------
-# One Redis cache shared by every web process (db 3: Celery uses 0, the tests 1 and 2). Short
+# One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
 CACHES = {

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.models import Delivery
@@ -157,6 +158,38 @@ def test_tag_expression_filters(api: APIClient, setup_topic: Any) -> None:
     c = send(api, tags="TagC")
     got = receive(api, tag_expression="TagA || TagC")
     assert [m["msg_id"] for m in got] == [a["msg_id"], c["msg_id"]]
+
+
+def test_what_a_tag_expression_filters_out_is_passed_over_for_the_group(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """As in RocketMQ: the group's cursor moves past messages its expression does not match, so
+    a later receive with another expression does not get them; another group still does."""
+    setup_topic(queues=1)
+    b1 = send(api, tags="TagB")
+    a1 = send(api, tags="TagA")
+    b2 = send(api, tags="TagB")
+    assert [m["msg_id"] for m in receive(api, tag_expression="TagA")] == [a1["msg_id"]]
+    assert receive(api, tag_expression="TagB") == []  # b1, b2 were passed over
+    assert receive(api) == []
+    b3 = send(api, tags="TagB")
+    assert [m["msg_id"] for m in receive(api, tag_expression="TagB")] == [b3["msg_id"]]
+    expect(api.post("/api/v1/consumer-groups", {"name": "audit"}, format="json"), 201)
+    everything = [m["msg_id"] for m in receive(api, group="audit")]
+    assert everything == [m["msg_id"] for m in (b1, a1, b2, b3)]
+
+
+def test_an_expired_delivery_the_expression_does_not_match_is_not_redelivered_to_it(
+    api: APIClient, setup_topic: Any
+) -> None:
+    setup_topic(queues=1)
+    b = send(api, tags="TagB")
+    [taken] = receive(api)  # no expression: in flight
+    assert taken["msg_id"] == b["msg_id"]
+    Delivery.objects.update(invisible_until=timezone.now())  # its invisible time ran out
+    assert receive(api, tag_expression="TagA") == []
+    [again] = receive(api, tag_expression="TagB")
+    assert (again["msg_id"], again["delivery_attempt"]) == (b["msg_id"], 2)
 
 
 def test_consume_from_last_skips_what_was_there_before(api: APIClient, setup_topic: Any) -> None:

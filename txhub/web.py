@@ -2,7 +2,9 @@
 threads runs Django.
 
 - The whole body is read on the event loop before any thread is involved, so a client that
-  trickles its request in holds a socket and a coroutine, never a thread or a connection.
+  trickles its request in holds a socket and a coroutine, never a thread or a connection. It is
+  read into memory and cut at its limit while it arrives, never spooled to disk; a chunked or
+  large API body is read only for a valid token (docs/decisions/0032).
 - Then Django's ordinary sync stack (middleware, DRF view, ORM) runs for the request in one hop to
   a thread of this process's pool (TXHUB_WEB_THREADS; the lean door's hot calls:
   TXHUB_WEB_HOT_THREADS; receives: TXHUB_WEB_RECEIVE_THREADS), which gives its database
@@ -14,6 +16,8 @@ threads runs Django.
 """
 
 import asyncio
+import io
+import json
 import logging
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +32,10 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import set_script_prefix
+from rest_framework import exceptions
 
 from apps.broker import wakeups
-from apps.broker.api import lean, long_poll, views
+from apps.broker.api import auth, lean, long_poll, views
 from apps.broker.api.errors import error_body
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,11 @@ _RECEIVE = re.compile(r"/api/v1/consumer-groups/[^/]+/receive")
 
 class BodyTooLarge(Exception):
     pass
+
+
+class BodyLeftUnread(Exception):
+    """The request is answered without its body: the connection closes after the answer, so
+    the rest of the body is never read (uvicorn would otherwise read it to its end)."""
 
 
 class TxhubASGIHandler(ASGIHandler):
@@ -91,15 +101,24 @@ class TxhubASGIHandler(ASGIHandler):
 
     async def handle(self, scope: Any, receive: Any, send: Any) -> None:
         arrived = asyncio.get_running_loop().time()  # a long poll's wait counts from here
+        refusal = await self.refuse_before_the_body(scope)
+        if refusal is not None:
+            await self.send_response(_closing(refusal), send)
+            return
         try:
-            body_file = await self.read_body_bounded(scope, receive)
+            body_file, unread = await self.read_body_bounded(scope, receive)
         except RequestAborted:
             return
         except BodyTooLarge:
-            await self.send_response(_too_large(), send)
+            await self.send_response(_closing(_too_large()), send)
             return
+        scope = _with_length(scope, body_file)
         try:
-            if self.lean and await self._lean(scope, body_file, receive, send, arrived):
+            if (
+                self.lean
+                and not unread
+                and await self._lean(scope, body_file, receive, send, arrived)
+            ):
                 return
             set_script_prefix(get_script_prefix(scope))
             request, error_response = self.create_request(scope, body_file)
@@ -116,7 +135,7 @@ class TxhubASGIHandler(ASGIHandler):
                     if response is None:
                         return  # the client left while waiting
             try:
-                await self.send_response(response, send)
+                await self.send_response(_closing(response) if unread else response, send)
             finally:
                 await self.in_thread(response.close)
         finally:
@@ -189,19 +208,55 @@ class TxhubASGIHandler(ASGIHandler):
         answer: HttpResponse = waiting.result()
         return answer
 
-    async def read_body_bounded(self, scope: Any, receive: Any) -> Any:
-        """The body, read on the event loop. One declared larger than Django would ever accept
-        is not read at all (the view refuses it from its Content-Length: 403 or 413, as under
-        gthread); one sent without a length that grows beyond that is refused here."""
+    async def refuse_before_the_body(self, scope: Any) -> HttpResponse | None:
+        """401 for an API request whose body is chunked or above views.LARGE_BODY_BYTES and
+        whose bearer token is missing or not valid, before a byte of the body is read: such a
+        body costs something to read, and only a caller who could send one may make us read it
+        (docs/decisions/0032). Smaller bodies keep the documented order 401 -> 400 -> 403."""
+        if not scope["path"].startswith("/api/") or not _large_or_unbounded(scope):
+            return None
+        authorization = _header(scope, b"authorization")
+
+        def check() -> HttpResponse | None:
+            try:
+                auth.bearer_user(authorization)
+                return None
+            except (exceptions.NotAuthenticated, exceptions.AuthenticationFailed) as error:
+                answer = HttpResponse(
+                    json.dumps(error_body("unauthenticated", str(error.detail))),
+                    status=401,
+                    content_type="application/json",
+                )
+                answer["WWW-Authenticate"] = 'Bearer realm="txhub"'
+                return answer
+            finally:
+                connections.close_all()
+
+        refusal: HttpResponse | None = await self.in_thread(check)
+        return refusal
+
+    async def read_body_bounded(self, scope: Any, receive: Any) -> tuple[io.BytesIO, bool]:
+        """The body, read on the event loop into memory (never a file), and whether it was left
+        unread. One declared larger than Django would ever accept is not read at all (the view
+        refuses it from its Content-Length: 403 or 413, as under gthread, and the connection
+        closes after); one that grows beyond the limit while it arrives (chunked) is cut there:
+        BodyTooLarge after at most the limit plus one read buffer."""
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         declared = _content_length(scope)
-        if declared is not None and declared > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-            return await self.read_body(_no_body(receive))
-        body_file = await self.read_body(receive)
-        if body_file.seek(0, 2) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1024 * 1024:
-            body_file.close()
-            raise BodyTooLarge
-        body_file.seek(0)
-        return body_file
+        if declared is not None and declared > limit:
+            return io.BytesIO(), True
+        body = io.BytesIO()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            body.write(message.get("body", b""))
+            if body.tell() > limit:
+                raise BodyTooLarge
+            if not message.get("more_body", False):
+                break
+        body.seek(0)
+        return body, False
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -227,18 +282,44 @@ def _content_length(scope: Any) -> int | None:
     return None
 
 
-def _no_body(receive: Any) -> Any:
-    """A receive that reports an empty body (the real one is never read)."""
+def _header(scope: Any, name: bytes) -> bytes:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value)
+    return b""
 
-    async def empty() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
 
-    return empty
+def _large_or_unbounded(scope: Any) -> bool:
+    """A body sent in chunks (no length known before it is read) or declared larger than the
+    lean door's bodies (views.LARGE_BODY_BYTES)."""
+    if b"chunked" in _header(scope, b"transfer-encoding").lower():
+        return True
+    declared = _content_length(scope)
+    return declared is not None and declared > views.LARGE_BODY_BYTES
+
+
+def _with_length(scope: Any, body_file: io.BytesIO) -> Any:
+    """A chunked body, once read, with the length it turned out to have: Django reads as much
+    of the body as CONTENT_LENGTH says (none, without it), as under a WSGI server that
+    de-chunks. The scope itself is left as uvicorn made it."""
+    if _content_length(scope) is not None or not _header(scope, b"transfer-encoding"):
+        return scope
+    headers = [
+        (name, value)
+        for name, value in scope.get("headers", [])
+        if name.lower() not in (b"transfer-encoding", b"content-length")
+    ]
+    headers.append((b"content-length", str(body_file.getbuffer().nbytes).encode()))
+    return {**scope, "headers": headers}
+
+
+def _closing(response: HttpResponse) -> HttpResponse:
+    """The answer, and the connection closes after it: what is left of the body is not read."""
+    response["Connection"] = "close"
+    return response
 
 
 def _too_large() -> HttpResponse:
-    import json
-
     body = error_body(
         "payload_too_large", "The request body is too large: a message body has at most 4 MiB."
     )

@@ -47,25 +47,48 @@ class TokenUser:
 
 class BearerTokenAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[TokenUser, int] | None:
-        parts = get_authorization_header(request).split()
-        if not parts or parts[0].lower() != b"bearer":
+        raw = bearer_of(get_authorization_header(request))
+        if raw is None:
             return None
-        if len(parts) != 2:
-            raise exceptions.AuthenticationFailed(
-                "The Authorization header must be 'Bearer <token>'."
-            )
-        raw = parts[1].decode("latin-1")
         # The epoch first: a token revoked before it was read is loaded anew (config_cache.py),
         # so a revocation holds at once on every web process.
         hashed = hash_token(raw)
         epoch = _epoch_and_count(request, hashed)
-        token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
-        if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
-            raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
-        return TokenUser(token.id, token.name, token.scopes, config_epoch=epoch), token.id
+        user = user_of(hashed, epoch)
+        return user, user.token_id
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="txhub"'
+
+
+def bearer_of(authorization: bytes) -> str | None:
+    """The raw token of an `Authorization: Bearer <token>` header; None when there is no bearer
+    header at all; AuthenticationFailed when the header is malformed."""
+    parts = authorization.split()
+    if not parts or parts[0].lower() != b"bearer":
+        return None
+    if len(parts) != 2:
+        raise exceptions.AuthenticationFailed("The Authorization header must be 'Bearer <token>'.")
+    return parts[1].decode("latin-1")
+
+
+def user_of(hashed: str, epoch: str | None) -> TokenUser:
+    """The one token lookup of every HTTP door: the token behind a hash, from this process's
+    cache under `epoch` or Postgres; AuthenticationFailed when unknown or revoked."""
+    token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
+    if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
+        raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
+    return TokenUser(token.id, token.name, token.scopes, config_epoch=epoch)
+
+
+def bearer_user(authorization: bytes) -> TokenUser:
+    """For a door outside DRF's request cycle (the web tier's body gate): the header's token,
+    or AuthenticationFailed (no bearer header included). Counts no request against the rate
+    limit: the view that answers the request does."""
+    raw = bearer_of(authorization)
+    if raw is None:
+        raise exceptions.NotAuthenticated("Authentication credentials were not provided.")
+    return user_of(hash_token(raw), config_cache.current())
 
 
 def _epoch_and_count(request: Request, hashed: str) -> str | None:

@@ -332,6 +332,13 @@ TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
 # in a small pool of their own (docs/decisions/0031): each holds the GIL only briefly between two
 # waits on Postgres, so a few threads per process keep two cores busy; 16 took turns instead.
 TXHUB_WEB_HOT_THREADS = env_int("TXHUB_WEB_HOT_THREADS", 4)
+# Slow and greedy clients (docs/decisions/0033), per web process: connections and requests at
+# once before new requests are answered 503 (uvicorn's limit_concurrency); seconds a request may
+# take to arrive whole, headers and body, counted from its first byte (or the connection's
+# start) before the connection is closed; bytes of a request's line and headers before 431.
+TXHUB_WEB_MAX_CONNECTIONS = env_int("TXHUB_WEB_MAX_CONNECTIONS", 2048)
+TXHUB_WEB_REQUEST_READ_SECONDS = env_float("TXHUB_WEB_REQUEST_READ_SECONDS", 10.0)
+TXHUB_WEB_MAX_HEADER_BYTES = env_int("TXHUB_WEB_MAX_HEADER_BYTES", 64 * 1024)
 # The hot calls (prepare, commit, rollback, send, receive, ack, their batches) answered by the same
 # views without Django's request cycle (apps/broker/api/lean.py, docs/decisions/0027); 0: Django
 # answers everything.

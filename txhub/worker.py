@@ -13,6 +13,7 @@ of the turn it was written in.
 """
 
 import asyncio
+import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -71,10 +72,87 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with coalesced writes, and bounds uvicorn does not have
+    (docs/decisions/0033): a request must arrive whole, headers and body, within
+    TXHUB_WEB_REQUEST_READ_SECONDS of its first byte (of the connection's start, for the first:
+    a connection that never sends would be kept for ever), else the connection is closed; and its
+    line and headers have at most TXHUB_WEB_MAX_HEADER_BYTES, else 431. A request that has arrived
+    may then take its time (a long poll waits up to 20 s): the deadline is for reading only."""
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        from django.conf import settings
+
         coalescing = CoalescingTransport(transport, self.loop)  # type: ignore[arg-type]
         super().connection_made(coalescing)  # type: ignore[arg-type]
+        self._read_seconds = float(settings.TXHUB_WEB_REQUEST_READ_SECONDS)
+        self._max_head = int(settings.TXHUB_WEB_MAX_HEADER_BYTES)
+        self._head_bytes: int | None = None  # counting while a request's head arrives
+        self._deadline: asyncio.TimerHandle | None = None
+        self._arm_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._max_head and not self.transport.is_closing():
+                self._refuse(b"431 Request Header Fields Too Large")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._arm_deadline()
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_deadline()
+        super().connection_lost(exc)
+
+    def _arm_deadline(self) -> None:
+        if self._deadline is None:  # the earliest start counts: connection, then first byte
+            self._deadline = self.loop.call_later(self._read_seconds, self._too_slow)
+
+    def _disarm_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            # Nothing of this request reached the application: say why, then close.
+            self._refuse(b"408 Request Timeout")
+        else:
+            # The application is reading the body: closing tells it (http.disconnect).
+            self.transport.close()
+
+    def _refuse(self, status: bytes) -> None:
+        self._disarm_deadline()
+        self.transport.write(
+            b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.close()
 
 
 class TxhubWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker has no types
     CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "http": CoalescingHttpToolsProtocol}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The limits are settings (txhub/settings.py), read here in the arbiter before the
+        # worker forks, as the application itself reads them.
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "txhub.settings")
+        from django.conf import settings
+
+        self.CONFIG_KWARGS = {
+            **self.CONFIG_KWARGS,
+            "limit_concurrency": settings.TXHUB_WEB_MAX_CONNECTIONS,
+        }
+        super().__init__(*args, **kwargs)

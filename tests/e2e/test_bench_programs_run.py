@@ -26,6 +26,7 @@ SMOKED = {
     "oncommit/run.py",
     "produce_consume.py",
     "reconcile.py",
+    "slow_clients.py",
     "waiting.py",
 }
 # Programs another one starts (their smoke run is that one's).
@@ -102,6 +103,11 @@ def test_delay_lateness_runs(
         *("--url", gunicorn, "--messages", "20", "--window", "2", "--senders", "2"),
         *("--lead", "2"),
     )
+
+
+def test_slow_clients_runs(gunicorn: str) -> None:
+    out = run_bench("slow_clients.py", "--url", gunicorn, "--lorises", "50", "--seconds", "1")
+    assert "beside 50 slow lorises" in out, out
 
 
 def test_hostile_body_runs() -> None:

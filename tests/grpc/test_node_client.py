@@ -79,10 +79,12 @@ def test_node_producer_sends_commits_is_checked_back_and_simple_consumer_acks(
     assert (checked.state, checked.resolved_by) == ("COMMITTED", "CHECK_BACK")
     assert sent["checker_saw"].count(sent["checked"]) >= 1
     assert sent["committed"] not in sent["checker_saw"]  # never checked once resolved
+    # Exactly one answer applied, the stream's COMMIT (other checks, e.g. one that went to the
+    # check URL while no stream was open, may be recorded around it, in either order).
     checks = list(OpRecord.objects.filter(half=checked, op="CHECK").order_by("id"))
-    assert checks[0].detail["via"] == "telemetry"
-    assert (checks[-1].detail["answer"], checks[-1].detail["applied"]) == ("COMMIT", True)
-    producer = GrpcClient.objects.get(client_id=checks[0].detail["client_id"])
+    applied = [c.detail for c in checks if c.detail.get("applied")]
+    assert [(d["answer"], d["via"]) for d in applied] == [("COMMIT", "telemetry")], checks
+    producer = GrpcClient.objects.get(client_id=applied[0]["client_id"])
     assert (producer.client_type, producer.group) == ("PRODUCER", setup.producer)
 
     got = run_node(node_client, "simple", grpc_server, setup, expect=4)["received"]

@@ -408,6 +408,9 @@ TXHUB_GRPC_LONG_POLL_MIN = env_float("TXHUB_GRPC_LONG_POLL_MIN", 5)
 TXHUB_GRPC_LONG_POLL_MAX = env_float("TXHUB_GRPC_LONG_POLL_MAX", 20)
 # A client not seen (heartbeat, any call) for this long is no longer listed as connected.
 TXHUB_GRPC_CLIENT_TTL = env_float("TXHUB_GRPC_CLIENT_TTL", 60)
+# A signed call's x-mq-date-time may be this far from the server's clock, either way (as
+# RocketMQ's proxy checks it); 0 turns the check off (docs/decisions/0035).
+TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS = env_float("TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS", 900)
 # A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
 # repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
 TXHUB_GRPC_CONSUMER_BACKOFF = [

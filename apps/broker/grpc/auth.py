@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from apps.broker.grpc.protocol import Code, Refusal
 from apps.broker.services import credentials
 
@@ -71,6 +73,13 @@ def caller_of(metadata: Mapping[str, str]) -> Caller:
             Code.UNAUTHORIZED,
             "Sign requests with an access key and secret key (MQv2-HMAC-SHA1 over "
             "x-mq-date-time): create a token to get them.",
+        )
+    if not credentials.signed_recently(date_time):
+        raise Refusal(
+            Code.UNAUTHORIZED,
+            "x-mq-date-time is not the server's time within "
+            f"{settings.TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS:.0f} s (UTC, yyyyMMddTHHmmssZ): "
+            "check the client's clock.",
         )
     principal = credentials.principal_for(
         access_key=match["ak"], date_time=date_time, signature=match["sig"]

@@ -11,6 +11,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import connection
@@ -53,6 +54,20 @@ class Principal:
     token_id: int
     name: str
     scopes: frozenset[str]
+
+
+def signed_recently(date_time: str) -> bool:
+    """Whether a signature's `x-mq-date-time` (yyyyMMdd'T'HHmmss'Z', UTC) is within
+    TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS of now: a captured signed header stops working after
+    that long (docs/decisions/0035)."""
+    skew = float(settings.TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS)
+    if skew <= 0:
+        return True
+    try:
+        signed_at = datetime.strptime(date_time, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return abs((timezone.now() - signed_at).total_seconds()) <= skew
 
 
 def principal_for(*, access_key: str, date_time: str, signature: str) -> Principal | None:

@@ -118,10 +118,14 @@ redis_up() {
 # txhub/settings.py. Production sets TXHUB_SECRET_KEY instead (check --deploy flags the file).
 secret_key_up() {
   mkdir -p "$VAR"
-  [ -s "$VAR/secret-key" ] && return 0
-  log "writing a new random secret key to var/secret-key"
-  (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(50))' \
-    >"$VAR/secret-key.tmp" && mv "$VAR/secret-key.tmp" "$VAR/secret-key")
+  # var/secret-key: Django's SECRET_KEY; var/credentials-key: the key RocketMQ secret keys are
+  # derived from (TXHUB_CREDENTIALS_KEY, docs/decisions/0036). Production sets both instead.
+  for name in secret-key credentials-key; do
+    [ -s "$VAR/$name" ] && continue
+    log "writing a new random key to var/$name"
+    (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(50))' \
+      >"$VAR/$name.tmp" && mv "$VAR/$name.tmp" "$VAR/$name")
+  done
 }
 
 down() {

@@ -391,6 +391,17 @@ TXHUB_RECONCILE_OUTPUT = Path(
 )
 # When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
+# Failpoints (docs/decisions/0015) kill and stall processes on purpose: armed only in a debug run
+# or when TXHUB_ALLOW_FAILPOINTS says so (the chaos suite), never by a stray variable.
+if (
+    env_str("TXHUB_FAILPOINTS", "").strip()
+    and not DEBUG
+    and not env_bool("TXHUB_ALLOW_FAILPOINTS", False)
+):
+    raise ImproperlyConfigured(
+        "TXHUB_FAILPOINTS is set but TXHUB_DEBUG is off: refusing to start. Failpoints crash "
+        "processes on purpose; set TXHUB_ALLOW_FAILPOINTS=1 as well to arm them on purpose."
+    )
 # /metrics reads its Postgres gauges at most once per this many seconds per web process.
 TXHUB_METRICS_CACHE_SECONDS = env_float("TXHUB_METRICS_CACHE_SECONDS", 5)
 
@@ -400,9 +411,27 @@ TXHUB_GRPC_HOST = env_str("TXHUB_GRPC_HOST", "127.0.0.1")
 # Both set: TLS with this certificate chain and key (PEM files); otherwise plaintext.
 TXHUB_GRPC_TLS_CERT = env_str("TXHUB_GRPC_TLS_CERT", "")
 TXHUB_GRPC_TLS_KEY = env_str("TXHUB_GRPC_TLS_KEY", "")
-# The server key RocketMQ secret keys are derived from (docs/decisions/0022). Changing it changes
-# every token's secret key; by default the Django SECRET_KEY.
-TXHUB_CREDENTIALS_KEY = env_str("TXHUB_CREDENTIALS_KEY", "") or SECRET_KEY
+# The server key RocketMQ secret keys are derived from (docs/decisions/0022, 0036): its own, not
+# SECRET_KEY (rotating Django's sessions key must not change every client's secret). Production
+# sets TXHUB_CREDENTIALS_KEY; the local set-up writes var/credentials-key (flagged by `check
+# --deploy`); with neither, a debug run falls back to SECRET_KEY and a production run refuses.
+CREDENTIALS_KEY_FILE = Path(
+    env_str("TXHUB_CREDENTIALS_KEY_FILE", str(BASE_DIR / "var" / "credentials-key"))
+)
+CREDENTIALS_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key
+TXHUB_CREDENTIALS_KEY = env_str("TXHUB_CREDENTIALS_KEY", "")
+if not TXHUB_CREDENTIALS_KEY and CREDENTIALS_KEY_FILE.is_file():
+    TXHUB_CREDENTIALS_KEY = CREDENTIALS_KEY_FILE.read_text().strip()
+    CREDENTIALS_KEY_SOURCE = "file"  # noqa: S105
+if not TXHUB_CREDENTIALS_KEY and DEBUG:
+    TXHUB_CREDENTIALS_KEY, CREDENTIALS_KEY_SOURCE = SECRET_KEY, "SECRET_KEY"
+if not TXHUB_CREDENTIALS_KEY:
+    raise ImproperlyConfigured(
+        "TXHUB_CREDENTIALS_KEY is not set and TXHUB_DEBUG is off: refusing to start. Set it to a "
+        "long random value of its own (to keep the RocketMQ secret keys tokens already have, set "
+        "it to the SECRET_KEY they were derived from; README, Production), or run "
+        f"scripts/services.sh up for a local install (it writes {CREDENTIALS_KEY_FILE})."
+    )
 # Announced to clients on Telemetry; a client's long poll is clamped to this range (seconds).
 TXHUB_GRPC_LONG_POLL_MIN = env_float("TXHUB_GRPC_LONG_POLL_MIN", 5)
 TXHUB_GRPC_LONG_POLL_MAX = env_float("TXHUB_GRPC_LONG_POLL_MAX", 20)

@@ -11,6 +11,7 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         checks.register(secret_key_from_checkout_file, checks.Tags.security, deploy=True)
+        checks.register(production_keys_and_tokens, checks.Tags.security, deploy=True)
 
 
 def secret_key_from_checkout_file(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -25,3 +26,36 @@ def secret_key_from_checkout_file(**kwargs: Any) -> list[checks.CheckMessage]:
             id="txhub.W001",
         )
     ]
+
+
+def production_keys_and_tokens(**kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy` errors for what production must set (README, Production): a metrics
+    token (the scrape shows every tenant's topics and groups) and a credentials key of its own
+    (docs/decisions/0036)."""
+    found: list[checks.CheckMessage] = []
+    if not settings.DEBUG and not settings.TXHUB_METRICS_TOKEN:
+        found.append(
+            checks.Error(
+                "/metrics is open to anyone: TXHUB_METRICS_TOKEN is not set.",
+                hint="Set TXHUB_METRICS_TOKEN; Prometheus sends it as a bearer token.",
+                id="txhub.E001",
+            )
+        )
+    source = getattr(settings, "CREDENTIALS_KEY_SOURCE", "environment")
+    if source == "SECRET_KEY" or settings.TXHUB_CREDENTIALS_KEY == settings.SECRET_KEY:
+        found.append(
+            checks.Error(
+                "RocketMQ secret keys are derived from SECRET_KEY.",
+                hint="Set TXHUB_CREDENTIALS_KEY to a value of its own (docs/decisions/0036).",
+                id="txhub.E002",
+            )
+        )
+    elif source == "file":
+        found.append(
+            checks.Warning(
+                f"TXHUB_CREDENTIALS_KEY comes from {settings.CREDENTIALS_KEY_FILE}, the local key.",
+                hint="Set TXHUB_CREDENTIALS_KEY in production (see README, Production).",
+                id="txhub.W002",
+            )
+        )
+    return found

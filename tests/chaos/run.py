@@ -42,6 +42,8 @@ SETTINGS = {
     "TXHUB_SCAN_SECONDS": "0.5",
     "TXHUB_EXPIRE_SCAN_SECONDS": "1",
     "TXHUB_LOG_LEVEL": "WARNING",
+    # The fault cases arm failpoints (refused at start without this outside a debug run).
+    "TXHUB_ALLOW_FAILPOINTS": "1",
 }
 
 

@@ -32,6 +32,7 @@ PRODUCTION_ENV = {
     "TXHUB_CALLBACK_ALLOWED_HOSTS": "",
     "TXHUB_ALLOW_HTTP_CALLBACKS": "0",
     "TXHUB_METRICS_TOKEN": secrets.token_urlsafe(32),
+    "TXHUB_CREDENTIALS_KEY": secrets.token_urlsafe(50),
     "TXHUB_THROTTLE_RATE": "2000/s",
 }
 
@@ -41,7 +42,8 @@ SHOW_KEY = (
 
 
 def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in {"TXHUB_SECRET_KEY", "TXHUB_DEBUG"}}
+    inherited = {"TXHUB_SECRET_KEY", "TXHUB_DEBUG", "TXHUB_CREDENTIALS_KEY", "TXHUB_FAILPOINTS"}
+    base = {k: v for k, v in os.environ.items() if k not in inherited}
     base["DJANGO_SETTINGS_MODULE"] = "txhub.settings"
     return subprocess.run(
         [sys.executable, *args],
@@ -157,3 +159,58 @@ def test_secrets_shown_once_never_travel_in_a_cookie() -> None:
     page = otto.get(group["Location"])
     assert secret in page.content.decode()
     assert secret not in _set_cookies(group) + _set_cookies(page)
+
+
+def check_deploy(**env: str) -> tuple[int, str]:
+    result = run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], **env)
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_check_deploy_errors_when_metrics_are_open_in_production() -> None:
+    env = {k: v for k, v in PRODUCTION_ENV.items() if k != "TXHUB_METRICS_TOKEN"}
+    code, printed = check_deploy(**env)
+    assert code != 0
+    assert "txhub.E001" in printed
+    assert "txhub.E001" not in check_deploy(**PRODUCTION_ENV)[1]  # the positive control
+
+
+def test_check_deploy_errors_when_rocketmq_secrets_derive_from_the_secret_key() -> None:
+    env = {**PRODUCTION_ENV, "TXHUB_CREDENTIALS_KEY": PRODUCTION_ENV["TXHUB_SECRET_KEY"]}
+    code, printed = check_deploy(**env)
+    assert code != 0
+    assert "txhub.E002" in printed
+
+
+def test_check_deploy_flags_a_credentials_key_read_from_the_checkout_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "credentials-key"
+    key_file.write_text(secrets.token_urlsafe(50))
+    env = {k: v for k, v in PRODUCTION_ENV.items() if k != "TXHUB_CREDENTIALS_KEY"}
+    code, printed = check_deploy(TXHUB_CREDENTIALS_KEY_FILE=str(key_file), **env)
+    assert code != 0
+    assert "txhub.W002" in printed
+
+
+def test_a_production_run_without_a_credentials_key_refuses_to_start(tmp_path: Path) -> None:
+    env = {k: v for k, v in PRODUCTION_ENV.items() if k != "TXHUB_CREDENTIALS_KEY"}
+    result = run(["manage.py", "check"], TXHUB_CREDENTIALS_KEY_FILE=str(tmp_path / "none"), **env)
+    assert result.returncode != 0
+    assert "TXHUB_CREDENTIALS_KEY is not set" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "starts"),
+    [
+        ({}, False),
+        ({"TXHUB_ALLOW_FAILPOINTS": "1"}, True),
+        ({"TXHUB_DEBUG": "1"}, True),
+    ],
+    ids=["refused", "allowed on purpose", "debug run"],
+)
+def test_failpoints_are_refused_at_start_outside_a_debug_run(
+    extra: dict[str, str], starts: bool
+) -> None:
+    env = {**PRODUCTION_ENV, "TXHUB_FAILPOINTS": "after_half_insert=exit", **extra}
+    result = run(["manage.py", "check"], **env)
+    assert (result.returncode == 0) == starts, result.stderr[-2000:]
+    if not starts:
+        assert "TXHUB_FAILPOINTS is set but TXHUB_DEBUG is off" in result.stderr

@@ -97,6 +97,23 @@ def topic_allowed(
         )
 
 
+def topic_usable(*, scopes: frozenset[str], topic: str, epoch: str | None = None) -> None:
+    """403 unless the scopes cover `topic`: admin, or a `produce:` / `consume:` scope of a group
+    that may use it (topic_allowed). The rule for what reveals a topic to a client that needs no
+    group of its own in the call (gRPC QueryRoute)."""
+    if "admin" in scopes:
+        return
+    for scope in sorted(scopes):
+        kind, _, group = scope.partition(":")
+        if kind in ("produce", "consume") and group:
+            try:
+                topic_allowed(kind=kind, group=group, topic=topic, epoch=epoch)  # type: ignore[arg-type]
+                return
+            except Forbidden:
+                continue
+    raise Forbidden(f"This token has no scope for a group that may use topic {topic!r}.")
+
+
 def _bound_topics(owner: str, group: str) -> frozenset[str]:
     # One plain query; compared by the caller rather than in SQL, so a topic name from the URL
     # never reaches the database before it has been checked (a NUL byte, say, is simply not among

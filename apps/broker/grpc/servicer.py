@@ -59,7 +59,8 @@ class MessagingService(
 
     @unary(rpc.QueryRouteResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def QueryRoute(self, request: Any, context: Any) -> Any:
-        await authenticate(context)
+        caller = await authenticate(context)
+        await db(selectors.topic_usable, scopes=caller.principal.scopes, topic=request.topic.name)
         topic = await db(topic_of, request.topic.name)
         broker = broker_of(request.endpoints)
         queues = [

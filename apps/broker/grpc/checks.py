@@ -47,31 +47,24 @@ async def listen(*, process: str) -> None:
 
 
 async def _forward(request: dict[str, Any]) -> None:
-    stream = streams.held(request["client_id"])
-    if stream is None:
+    command = await db(_command_for, uuid.UUID(request["transaction_id"]))
+    if command is None:
+        return  # resolved since the scan claimed it: no check is sent (invariant 7)
+    if not streams.send_to(request["client_id"], command):
         log.info(
             "check for %s: client %s is not connected here",
             request["transaction_id"],
             request["client_id"],
         )
-        return
-    command = await db(_command_for, uuid.UUID(request["transaction_id"]), stream.token_id)
-    if command is None:
-        return  # resolved since the scan claimed it (invariant 7), or not this stream's to see
-    streams.send_to(stream, command)
 
 
-def _command_for(transaction_id: uuid.UUID, token_id: int) -> Any:
+def _command_for(transaction_id: uuid.UUID) -> Any:
     half = (
-        HalfMessage.objects.select_related("topic", "producer_group")
+        HalfMessage.objects.select_related("topic")
         .filter(transaction_id=transaction_id, state=State.PREPARED)
         .first()
     )
     if half is None:
-        return None
-    # Read now, not when the stream opened: a token revoked or changed since sees nothing.
-    if not checkback_stream.stream_may_check(token_id=token_id, group=half.producer_group.name):
-        log.warning("check for %s not sent: its stream's token may not see it", transaction_id)
         return None
     message = message_of(half, topic=half.topic.name, message_type=pb.TRANSACTION)
     return rpc.TelemetryCommand(

@@ -98,11 +98,7 @@ class MessagingService(
     @unary(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        await db(
-            clients.client_terminated,
-            client_id=caller.client_id,
-            token_id=caller.principal.token_id,
-        )
+        await db(clients.client_terminated, client_id=caller.client_id)
         return rpc.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:

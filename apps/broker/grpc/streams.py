@@ -7,30 +7,18 @@ client reopens a broken stream without re-sending its settings for up to 5 minut
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
-from apps.broker.grpc.protocol import Code, Refusal, duration, pb, refusal_of, rpc, status
+from apps.broker.grpc.protocol import Code, Refusal, duration, pb, rpc, status
 from apps.broker.models import ConsumerGroup
 from apps.broker.services import clients
-from apps.broker.services.errors import BrokerError
 
-
-@dataclass(frozen=True)
-class Stream:
-    """A stream held by this process: the commands waiting to be written to it, and the token
-    that opened it (a check is forwarded only while that token may receive it)."""
-
-    outbox: "asyncio.Queue[Any]"
-    token_id: int
-
-
-# Streams held by this process, by client id.
-OPEN: dict[str, Stream] = {}
+# Streams held by this process: client id -> the commands waiting to be written to it.
+OPEN: dict[str, "asyncio.Queue[Any]"] = {}
 
 # What the server announces (the issue's numbers; RocketMQ's proxy defaults).
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -46,21 +34,14 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
             status=status(Code.CLIENT_ID_REQUIRED, "The x-mq-client-id header is required.")
         )
         return
-    try:
-        # The client id must be this token's before the stream is known here (decision 0034).
-        await db(
-            clients.client_stream_opened,
-            client_id=client_id,
-            token_id=caller.principal.token_id,
-            process=process,
-        )
-    except BrokerError as error:
-        refused = refusal_of(error)
-        yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
-        return
     outbox: asyncio.Queue[Any] = asyncio.Queue()
-    stream = Stream(outbox, caller.principal.token_id)
-    OPEN[client_id] = stream
+    OPEN[client_id] = outbox
+    await db(
+        clients.client_stream_opened,
+        client_id=client_id,
+        token_id=caller.principal.token_id,
+        process=process,
+    )
 
     async def read() -> None:
         try:
@@ -83,7 +64,7 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
             yield command
     finally:
         reader.cancel()
-        if OPEN.get(client_id) is stream:
+        if OPEN.get(client_id) is outbox:
             del OPEN[client_id]
             with contextlib.suppress(Exception):  # shutting down: the row is refreshed later
                 await db(clients.client_stream_closed, client_id=client_id, process=process)
@@ -155,14 +136,10 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
     return rpc.TelemetryCommand(status=status(), settings=reply)
 
 
-def held(client_id: str) -> Stream | None:
-    """The client's stream, if this process holds it."""
-    return OPEN.get(client_id)
-
-
-def send_to(stream: Stream, command: Any) -> bool:
-    """Queues a command on a stream; False if the stream has ended meanwhile."""
-    if not any(open_stream is stream for open_stream in OPEN.values()):
+def send_to(client_id: str, command: Any) -> bool:
+    """Queues a command on a stream this process holds; False if it holds none for the client."""
+    outbox = OPEN.get(client_id)
+    if outbox is None:
         return False
-    stream.outbox.put_nowait(command)
+    outbox.put_nowait(command)
     return True

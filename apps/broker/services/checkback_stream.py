@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.broker.models import ApiToken, HalfMessage, Resolver
+from apps.broker.models import HalfMessage, Resolver
 from apps.broker.models import TransactionState as State
 from apps.broker.services import checkback, clients, transactions
 from apps.broker.services.errors import NotFound
@@ -56,18 +56,6 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     finally:
         connection.close()
     return None
-
-
-def stream_may_check(*, token_id: int, group: str) -> bool:
-    """Whether a check of `group`'s transaction may go out on a stream opened with this token:
-    the token, read now, is not revoked and still holds `produce:<group>` (decision 0034)."""
-    token = ApiToken.objects.filter(pk=token_id).values("scopes", "revoked_at").first()
-    if token is None:
-        return False
-    revoked_at = token["revoked_at"]
-    if revoked_at is not None and revoked_at <= timezone.now():
-        return False
-    return f"produce:{group}" in token["scopes"]
 
 
 def checkback_answer(

@@ -401,6 +401,9 @@ TXHUB_GRPC_LONG_POLL_MIN = env_float("TXHUB_GRPC_LONG_POLL_MIN", 5)
 TXHUB_GRPC_LONG_POLL_MAX = env_float("TXHUB_GRPC_LONG_POLL_MAX", 20)
 # A client not seen (heartbeat, any call) for this long is no longer listed as connected.
 TXHUB_GRPC_CLIENT_TTL = env_float("TXHUB_GRPC_CLIENT_TTL", 60)
+# Commands waiting to be written to one Telemetry stream (a check carries its message's body):
+# a client that lets more pile up is disconnected (docs/decisions/0032).
+TXHUB_GRPC_STREAM_OUTBOX = env_int("TXHUB_GRPC_STREAM_OUTBOX", 16)
 # A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
 # repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
 TXHUB_GRPC_CONSUMER_BACKOFF = [

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.broker import wakeups
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import Code, Refusal, duration, pb, refusal_of, rpc, status
@@ -33,6 +34,11 @@ class Stream:
     outbox: "asyncio.Queue[Any]" = field(
         default_factory=lambda: asyncio.Queue(maxsize=settings.TXHUB_GRPC_STREAM_OUTBOX)
     )
+    # The last command the stream writes when it is closed, saying why.
+    ending: Any = None
+    # True while a write is under way: one that does not finish (a client that does not read)
+    # is ended by cancelling the stream's task.
+    writing: bool = False
 
     def offer(self, command: Any) -> bool:
         """Queues `command`; a full outbox ends the stream (False)."""
@@ -40,13 +46,22 @@ class Stream:
             self.outbox.put_nowait(command)
             return True
         except asyncio.QueueFull:
-            self.close("its outbox is full (the client does not read)")
+            self.close(
+                Code.TOO_MANY_REQUESTS,
+                "Closed: more commands waited for this stream than TXHUB_GRPC_STREAM_OUTBOX "
+                "(the client does not read).",
+            )
             return False
 
-    def close(self, why: str) -> None:
-        """Ends the stream now, even while a write to a client that does not read is pending."""
+    def close(self, code: int, why: str) -> None:
+        """Ends the stream: what waits in the outbox is dropped, `why` is written last. A write
+        that is stuck (the client does not read) is cancelled with the stream's task."""
         log.info("telemetry stream of token %s closed: %s", self.token_id, why)
-        if self.task is not None and not self.task.done():
+        self.ending = rpc.TelemetryCommand(status=status(code, why))
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(None)
+        if self.writing and self.task is not None and not self.task.done():
             self.task.cancel()
 
 
@@ -83,8 +98,14 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
     previous = OPEN.get(client_id)
     OPEN[client_id] = stream
     if previous is not None:
-        previous.close("the client opened a new stream")
+        previous.close(Code.OK, "Closed: the client opened a new stream.")
     outbox = stream.outbox
+
+    def on_revoked() -> None:
+        stream.close(Code.UNAUTHORIZED, "Closed: the access key was revoked.")
+
+    # Revoking the token ends the stream, in whichever process holds it (wakeups.py).
+    wakeups.hub().watch_token(stream.token_id, on_revoked)
 
     async def read() -> None:
         try:
@@ -105,10 +126,15 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
         while True:
             command = await outbox.get()
             if command is None:
+                if stream.ending is not None:
+                    yield stream.ending
                 return
+            stream.writing = True
             yield command
+            stream.writing = False
     finally:
         reader.cancel()
+        wakeups.hub().unwatch_token(stream.token_id, on_revoked)
         if OPEN.get(client_id) is stream:
             del OPEN[client_id]
             with contextlib.suppress(Exception):  # shutting down: the row is refreshed later

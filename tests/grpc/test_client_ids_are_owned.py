@@ -31,13 +31,19 @@ WAIT = 20  # seconds an expected command may take to arrive (a bound, not a meas
 class Telemetry:
     """An open Telemetry stream: commands are sent on demand, answers gathered by a thread."""
 
-    def __init__(self, stub: MessagingServiceStub, meta: Any) -> None:
+    def __init__(self, stub: MessagingServiceStub, meta: Any, *, read: bool = True) -> None:
         self.outgoing: queue.Queue[Any] = queue.Queue()
         self.incoming: queue.Queue[Any] = queue.Queue()
         self.call = stub.Telemetry(iter(self.outgoing.get, None), metadata=meta)
         self.errors: list[BaseException] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        if read:
+            self.reader.start()
+
+    @classmethod
+    def unread(cls, stub: MessagingServiceStub, meta: Any) -> "Telemetry":
+        """A client that sends and never reads what the server writes."""
+        return cls(stub, meta, read=False)
 
     def _read(self) -> None:
         try:
@@ -50,13 +56,16 @@ class Telemetry:
             self.errors.append(error)
         self.incoming.put(None)  # the stream ended
 
-    def settings(self, topic: str) -> Any:
-        publishing = pb.Publishing(topics=[pb.Resource(name=topic)])
+    def send_settings(self, topics: list[str]) -> None:
+        publishing = pb.Publishing(topics=[pb.Resource(name=topic) for topic in topics])
         self.outgoing.put(
             rpc.TelemetryCommand(
                 settings=pb.Settings(client_type=pb.PRODUCER, publishing=publishing)
             )
         )
+
+    def settings(self, topic: str) -> Any:
+        self.send_settings([topic])
         return self.next()
 
     def next(self) -> Any:
@@ -65,7 +74,8 @@ class Telemetry:
     def close(self) -> None:
         self.outgoing.put(None)
         self.call.cancel()
-        self.reader.join(timeout=WAIT)
+        if self.reader.is_alive():
+            self.reader.join(timeout=WAIT)
         assert not self.errors, self.errors
 
 

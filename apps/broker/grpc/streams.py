@@ -56,7 +56,7 @@ class Stream:
     def close(self, code: int, why: str) -> None:
         """Ends the stream: what waits in the outbox is dropped, `why` is written last. A write
         that is stuck (the client does not read) is cancelled with the stream's task."""
-        log.info("telemetry stream of token %s closed: %s", self.token_id, why)
+        log.info("telemetry stream of token %s: %s", self.token_id, why)
         self.ending = rpc.TelemetryCommand(status=status(code, why))
         while not self.outbox.empty():
             self.outbox.get_nowait()

@@ -16,15 +16,18 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from apps.broker.models import GrpcClient, HalfMessage, OpRecord
+from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
 from apps.broker.services import checkback
-from tests.e2e.conftest import TEST_BROKER_URL
+from tests.conftest import ROOT
+from tests.e2e.conftest import TEST_BROKER_URL, wait_until
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.grpc.test_push_consumer import signed
 
 pytestmark = pytest.mark.e2e
 
 VICTIM_ID = "victim-host@4242@0@producer"
+# What the gRPC server logs when a check is not sent on a stream (grpc/checks.py).
+REFUSED_LINE = "the stream's token may not receive it"
 WAIT = 20  # seconds an expected command may take to arrive (a bound, not a measurement)
 
 
@@ -179,3 +182,34 @@ def test_a_server_check_answer_with_no_check_outstanding_is_the_producers_resolu
     half.refresh_from_db()
     assert (half.state, half.resolved_by) == ("ROLLED_BACK", "PRODUCER")
     assert not OpRecord.objects.filter(half=half, op="CHECK").exists()
+
+
+def test_a_check_is_not_sent_on_a_stream_whose_token_lost_the_producer_scope(
+    grpc_server: GrpcServer,
+    rocketmq_setup: Any,
+    stub: MessagingServiceStub,
+    streams: list[Telemetry],
+    settings: Any,
+) -> None:
+    settings.CELERY_BROKER_URL = TEST_BROKER_URL
+    setup = rocketmq_setup("-narrowed")
+    meta = signed(grpc_server, setup, "narrowed-host@1@0@producer")
+    stream = Telemetry(stub, meta)
+    streams.append(stream)
+    assert stream.settings(setup.topic).status.code == pb.Code.OK
+    before, after = prepare(stub, meta, setup), prepare(stub, meta, setup)
+    # Positive control: while the token holds produce:<group>, the check reaches the stream.
+    assert checkback.checkback_run(half_id=before.pk) == "unknown"
+    command = stream.next()
+    assert command is not None
+    assert command.recover_orphaned_transaction_command.transaction_id == str(before.transaction_id)
+    # An operator narrows the token (as the admin's save does): the open stream stays, but the
+    # next check is not sent on it (read when it is forwarded, not when the stream opened).
+    token = ApiToken.objects.get(pk=setup.token_id)
+    token.scopes = [f"consume:{setup.consumer}"]
+    token.save()
+    log = ROOT / "var" / "test-grpc.log"
+    refusals = log.read_text().count(REFUSED_LINE)
+    assert checkback.checkback_run(half_id=after.pk) == "unknown"  # handed to the process
+    assert wait_until(lambda: log.read_text().count(REFUSED_LINE) > refusals, timeout=WAIT)
+    assert stream.incoming.empty(), stream.incoming.get()

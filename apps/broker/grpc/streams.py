@@ -53,11 +53,13 @@ class Stream:
             )
             return False
 
-    def close(self, code: int, why: str) -> None:
-        """Ends the stream: what waits in the outbox is dropped, `why` is written last. A write
-        that is stuck (the client does not read) is cancelled with the stream's task."""
+    def close(self, code: int | None, why: str) -> None:
+        """Ends the stream: what waits in the outbox is dropped, `why` is written last (unless
+        `code` is None). A write that is stuck (the client does not read) is cancelled with the
+        stream's task."""
         log.info("telemetry stream of token %s: %s", self.token_id, why)
-        self.ending = rpc.TelemetryCommand(status=status(code, why))
+        if code is not None:
+            self.ending = rpc.TelemetryCommand(status=status(code, why))
         while not self.outbox.empty():
             self.outbox.get_nowait()
         self.outbox.put_nowait(None)
@@ -98,7 +100,7 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
     previous = OPEN.get(client_id)
     OPEN[client_id] = stream
     if previous is not None:
-        previous.close(Code.OK, "Closed: the client opened a new stream.")
+        previous.close(None, "the client opened a new stream")
     outbox = stream.outbox
 
     def on_revoked() -> None:

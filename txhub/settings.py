@@ -440,6 +440,9 @@ TXHUB_GRPC_CLIENT_TTL = env_float("TXHUB_GRPC_CLIENT_TTL", 60)
 # A signed call's x-mq-date-time may be this far from the server's clock, either way (as
 # RocketMQ's proxy checks it); 0 turns the check off (docs/decisions/0035).
 TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS = env_float("TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS", 900)
+# Commands waiting to be written to one Telemetry stream (a check carries its message's body):
+# a client that lets more pile up is disconnected (docs/decisions/0034).
+TXHUB_GRPC_STREAM_OUTBOX = env_int("TXHUB_GRPC_STREAM_OUTBOX", 16)
 # A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
 # repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
 TXHUB_GRPC_CONSUMER_BACKOFF = [

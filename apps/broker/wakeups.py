@@ -28,6 +28,13 @@ the fallback period; it waits at once, exactly as a woken-and-unlucky waiter wou
 check renews the notes of the pairs it found empty. What no NOTIFY announces (an invisible time
 running out) reaches such a receive by the fallback check, as it reaches every waiter.
 
+Revocation (docs/decisions/0034): revoking a token NOTIFYs the same channel, "revoked <token id>",
+delivered when the revocation commits. Each process's hub ends what the token holds open there:
+its waiting receives (`wait` raises Revoked; the doors answer as to an unauthenticated call) and
+whatever else registered with `watch_token` (the gRPC door's Telemetry streams). A notification
+missed while the hub did not listen, or a revocation scheduled for later, is caught by the
+fallback check, which also asks which watched tokens are revoked by now.
+
 Everything here runs on the event loop's thread, except `seen()`, `mark()`, `known_empty()` and
 `note_empty()`, which the receive view calls from a worker thread (single dict reads and writes:
 atomic under the GIL).
@@ -72,17 +79,32 @@ GROUP BY d.topic_id, d.group_id
 """
 
 
+# The payload of a revocation on RECEIVABLE_CHANNEL (services/registry.token_revoke).
+REVOKED = "revoked"
+
+# Which of the given tokens are revoked by now (the fallback's catch-up for revocations).
+REVOKED_SQL = (
+    "SELECT id FROM broker_apitoken WHERE id = ANY(%s::bigint[]) "
+    "AND revoked_at IS NOT NULL AND revoked_at <= now()"
+)
+
+
+class Revoked(Exception):
+    """The token of a waiting receive was revoked while it waited."""
+
+
 class Waiter:
     """One waiting receive. Its event is set when it should try again; `wants` is how many
     messages one try of it takes at most (its max_messages)."""
 
-    __slots__ = ("event", "group_id", "topic_id", "wants")
+    __slots__ = ("event", "group_id", "revoked", "topic_id", "wants")
 
     def __init__(self, topic_id: int, group_id: int, wants: int = 1) -> None:
         self.topic_id = topic_id
         self.group_id = group_id
         self.wants = max(1, wants)
         self.event = asyncio.Event()
+        self.revoked = False
 
 
 class Mark(NamedTuple):
@@ -101,6 +123,8 @@ class Hub:
         self._seen: dict[int, int] = {}
         # (topic, group) -> (seen, generation, monotonic time it expires): found empty then.
         self._empty: dict[tuple[int, int], tuple[int, int, float]] = {}
+        # token id -> what to call when it is revoked (waiting receives, Telemetry streams).
+        self._holders: dict[int, dict[Callable[[], None], None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.listening = False
         self.generation = 0
@@ -175,6 +199,24 @@ class Hub:
                     waiter.event.set()
                     left -= waiter.wants
 
+    def watch_token(self, token_id: int, on_revoked: Callable[[], None]) -> None:
+        """Calls `on_revoked` (on the loop) once the token is revoked; starts listening."""
+        self._start()
+        self._holders.setdefault(token_id, {})[on_revoked] = None
+
+    def unwatch_token(self, token_id: int, on_revoked: Callable[[], None]) -> None:
+        holders = self._holders.get(token_id, {})
+        holders.pop(on_revoked, None)
+        if not holders:
+            self._holders.pop(token_id, None)
+
+    def revoked(self, token_id: int) -> None:
+        for on_revoked in list(self._holders.pop(token_id, {})):
+            try:
+                on_revoked()
+            except Exception:  # noqa: BLE001 - one holder's failure must not spare the others
+                logger.exception("ending the work of revoked token %s", token_id)
+
     def wake_all(self) -> None:
         """Every waiter tries again (the hub stops, or cannot listen)."""
         for groups in self._waiting.values():
@@ -233,11 +275,17 @@ class Hub:
     def _on_notify(self, payload: str) -> None:
         # "topic queue offset", or "topic queue first_offset count" for a batch appended at once.
         fields = payload.split(" ")
-        if fields[0].isdigit():
+        if fields[0] == REVOKED and len(fields) == 2 and fields[1].isdigit():
+            self.revoked(int(fields[1]))
+        elif fields[0].isdigit():
             count = int(fields[3]) if len(fields) > 3 and fields[3].isdigit() else 1
             self.wake(int(fields[0]), count)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._holders:
+            cursor = await conn.execute(REVOKED_SQL, (list(self._holders),))
+            for (token_id,) in await cursor.fetchall():
+                self.revoked(int(token_id))
         pairs = [
             (topic_id, group_id)
             for topic_id, groups in self._waiting.items()
@@ -319,16 +367,24 @@ async def wait(
     attempt: Callable[[], Awaitable[T]],
     found: Callable[[T], bool],
     wants: int = 1,
+    token_id: int | None = None,
 ) -> T | None:
     """A waiting receive of either door (REST long poll, gRPC ReceiveMessage): until `deadline`
     (loop time), wait on this process's hub and, each time it is woken, `attempt` again (a short
     sync section that gives its connection back); the first result that `found` accepts is
     returned, None when the time is up. `seen` is `hub().seen(topic_id)` read before the first
     attempt: a wake-up between that attempt and now is not missed. Holds no thread and no
-    database connection while it waits."""
+    database connection while it waits. Raises Revoked when `token_id` is revoked meanwhile."""
     loop = asyncio.get_running_loop()
     the_hub = hub()
     waiter = the_hub.register(topic_id, group_id, wants)
+
+    def on_revoked() -> None:
+        waiter.revoked = True
+        waiter.event.set()
+
+    if token_id is not None:
+        the_hub.watch_token(token_id, on_revoked)
     try:
         if the_hub.seen(topic_id) != seen:
             waiter.event.set()
@@ -345,12 +401,16 @@ async def wait(
                 if the_hub.listening or loop.time() >= deadline:
                     continue
             waiter.event.clear()
+            if waiter.revoked:
+                raise Revoked(f"Token {token_id} was revoked while its receive waited.")
             result = await attempt()
             if found(result):
                 return result
             the_hub.requeue(waiter)
     finally:
         the_hub.unregister(waiter)
+        if token_id is not None:
+            the_hub.unwatch_token(token_id, on_revoked)
 
 
 def _fallback() -> float:

@@ -4,9 +4,10 @@ producer's Telemetry stream shown in the transaction's trace like one sent over 
 import pytest
 from django.test import Client
 
-from apps.broker.models import HalfMessage
+from apps.broker.models import HalfMessage, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry
 from apps.broker.services.checkback import CheckResult
+from apps.broker.services.transactions import Actor
 from tests.console.test_console_views import half, login
 
 __all__ = ["half"]  # the fixture, imported for this module
@@ -68,7 +69,8 @@ def test_a_check_over_the_stream_shows_in_the_trace_with_client_and_process(
     checkback_stream.checkback_answer(
         transaction_id=half.transaction_id,
         answer="COMMIT",
-        via={"via": "telemetry", "client_id": "app-1@101@0@prod"},
+        client_id="app-1@101@0@prod",
+        producer=Actor(Resolver.PRODUCER, "rocketmq"),
         producer_groups=None,
     )
     page = viewer().get(f"/console/transactions/{half.transaction_id}/").content.decode()

@@ -16,6 +16,7 @@ from rocketmq.v5.util.signature import Signature
 from apps.broker.services import credentials, registry
 from tests.conftest import ROOT, free_port
 from tests.grpc.conftest import start_grpc, stop
+from tests.grpc.test_client_ids_are_owned import Telemetry
 from tests.prod.test_throttling import fresh_budget
 
 pytestmark = pytest.mark.e2e
@@ -67,3 +68,27 @@ def test_over_the_rate_grpc_calls_get_too_many_requests_and_share_the_rest_budge
     answer = rest.get("/api/v1/consumer-groups/limited-c")
     assert answer.status_code == 429, answer.content
     assert answer.json()["error"]["code"] == "throttled"
+
+
+def test_telemetry_settings_commands_count_against_the_rate(
+    throttled_endpoint: str, transactional_db: None
+) -> None:
+    registry.topic_create(name="chatty", queues=1)
+    registry.producer_group_create(name="chatty-p")
+    token, _ = registry.token_create(name="chatty", scopes=["produce:chatty-p"])
+    fresh_budget(token.pk, WINDOW)
+    keys = credentials.of(token)
+    meta = Signature.metadata(
+        ClientConfiguration(
+            throttled_endpoint, Credentials(keys["access_key"], keys["secret_key"])
+        ),
+        "chatty-host@1@0@producer",
+    )
+    with grpc.insecure_channel(throttled_endpoint) as channel:
+        stream = Telemetry(MessagingServiceStub(channel), meta)
+        try:
+            # Opening the stream is one call; each settings command is one more.
+            answers = [stream.settings("chatty").status.code for _ in range(RATE)]
+        finally:
+            stream.close()
+    assert answers == [pb.Code.OK] * (RATE - 1) + [pb.Code.TOO_MANY_REQUESTS], answers

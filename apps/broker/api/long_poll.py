@@ -108,15 +108,26 @@ async def wait(
         answer: tuple[int, bytes] = await run_in_thread(lambda: _try_again(plan))
         return answer
 
-    result = await wakeups.wait(
-        topic_id=plan.topic.pk,
-        group_id=plan.group.pk,
-        seen=plan.seen,
-        deadline=arrived + plan.wait_seconds,
-        attempt=attempt,
-        found=lambda answer: answer[0] != 200 or bool(answer[1]),
-        wants=plan.max_messages,
-    )
+    try:
+        result = await wakeups.wait(
+            topic_id=plan.topic.pk,
+            group_id=plan.group.pk,
+            seen=plan.seen,
+            deadline=arrived + plan.wait_seconds,
+            attempt=attempt,
+            found=lambda answer: answer[0] != 200 or bool(answer[1]),
+            wants=plan.max_messages,
+            token_id=plan.token_id,
+        )
+    except wakeups.Revoked:
+        # Answered as the same call with the token would be now (docs/decisions/0034).
+        refused = error_body("unauthenticated", "The token is unknown or revoked.")
+        return HttpResponse(
+            JSONRenderer().render(refused),
+            status=401,
+            content_type="application/json",
+            headers={"WWW-Authenticate": 'Bearer realm="txhub"'},
+        )
     if result is None:
         return response
     status, body = result

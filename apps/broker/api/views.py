@@ -497,6 +497,7 @@ class ReceiveView(APIView):
                 wait_seconds=data["wait_seconds"],
                 tags=data["tag_expression"],
                 seen=seen,
+                token_id=request.auth if isinstance(request.auth, int) else None,
             )
             long_poll.attach(response, plan)
         return response

@@ -32,13 +32,14 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 
 async def wait_for(
-    fetch: Callable[[], list[T]], *, seconds: float, topic_id: int, group_id: int
+    fetch: Callable[[], list[T]], *, seconds: float, topic_id: int, group_id: int, token_id: int
 ) -> list[T]:
     """The long poll: `fetch` now and, while nothing is there, each time this process's wake-up
     hub says the topic may have something for the group (Postgres NOTIFY from the commit, send,
     delayed delivery or resend that made it receivable, with the hub's fallback check), until
     `seconds` are up. The same wait as the REST door's (apps/broker/wakeups.py); no thread or
-    connection is held while waiting."""
+    connection is held while waiting. The token revoked meanwhile: UNAUTHORIZED, as a call with
+    it would be now (docs/decisions/0034)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     seen = wakeups.hub().seen(topic_id)  # before the first try: a wake-up after it is not missed
@@ -49,14 +50,18 @@ async def wait_for(
     async def attempt() -> list[T]:
         return await db(fetch)
 
-    woken = await wakeups.wait(
-        topic_id=topic_id,
-        group_id=group_id,
-        seen=seen,
-        deadline=deadline,
-        attempt=attempt,
-        found=bool,
-    )
+    try:
+        woken = await wakeups.wait(
+            topic_id=topic_id,
+            group_id=group_id,
+            seen=seen,
+            deadline=deadline,
+            attempt=attempt,
+            found=bool,
+            token_id=token_id,
+        )
+    except wakeups.Revoked:
+        raise Refusal(Code.UNAUTHORIZED, "The access key was revoked.") from None
     return woken or []
 
 

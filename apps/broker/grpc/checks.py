@@ -18,7 +18,7 @@ from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import message_of, pb, rpc
 from apps.broker.models import HalfMessage
 from apps.broker.models import TransactionState as State
-from apps.broker.services import checkback_stream
+from apps.broker.services import checkback_stream, clients
 
 CHANNEL_PREFIX = checkback_stream.CHANNEL_PREFIX
 
@@ -47,24 +47,30 @@ async def listen(*, process: str) -> None:
 
 
 async def _forward(request: dict[str, Any]) -> None:
-    command = await db(_command_for, uuid.UUID(request["transaction_id"]))
-    if command is None:
-        return  # resolved since the scan claimed it: no check is sent (invariant 7)
-    if not streams.send_to(request["client_id"], command):
+    client_id = request["client_id"]
+    stream = streams.stream_of(client_id)
+    if stream is None:
         log.info(
-            "check for %s: client %s is not connected here",
-            request["transaction_id"],
-            request["client_id"],
+            "check for %s: client %s is not connected here", request["transaction_id"], client_id
         )
+        return
+    command = await db(_command_for, uuid.UUID(request["transaction_id"]), stream.token_id)
+    if command is None:
+        return  # resolved since the scan claimed it (invariant 7), or not this stream's to see
+    stream.offer(command)
 
 
-def _command_for(transaction_id: uuid.UUID) -> Any:
+def _command_for(transaction_id: uuid.UUID, token_id: int) -> Any:
     half = (
-        HalfMessage.objects.select_related("topic")
+        HalfMessage.objects.select_related("topic", "producer_group")
         .filter(transaction_id=transaction_id, state=State.PREPARED)
         .first()
     )
     if half is None:
+        return None
+    # Read now, not when the stream opened: a token revoked or narrowed since gets no check.
+    if not clients.stream_may_check(token_id=token_id, producer_group=half.producer_group.name):
+        log.warning("check for %s: the stream's token may not receive it", transaction_id)
         return None
     message = message_of(half, topic=half.topic.name, message_type=pb.TRANSACTION)
     return rpc.TelemetryCommand(

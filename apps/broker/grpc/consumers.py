@@ -93,7 +93,13 @@ class ConsumerRpcs:
                     tags=tags,
                 )
 
-            received = await wait_for(fetch, seconds=wait, topic_id=topic.pk, group_id=group.pk)
+            received = await wait_for(
+                fetch,
+                seconds=wait,
+                topic_id=topic.pk,
+                group_id=group.pk,
+                token_id=caller.principal.token_id,
+            )
         except Refusal as refused:
             yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
             return

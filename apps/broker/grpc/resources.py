@@ -21,7 +21,13 @@ async def authenticate(context: Any) -> Caller:
 
 def _counted_caller(metadata: dict[str, str]) -> Caller:
     caller = caller_of(metadata)
-    # The REST door's budget and counter (one per token, in the shared cache): not a second limit.
+    count_call(caller)
+    return caller
+
+
+def count_call(caller: Caller) -> None:
+    """One call against the token's rate limit, or TOO_MANY_REQUESTS. The REST door's budget and
+    counter (one per token, in the shared cache): not a second limit."""
     wait = throttling.token_call_throttled(caller.principal.token_id)
     if wait is not None:
         raise Refusal(
@@ -29,7 +35,6 @@ def _counted_caller(metadata: dict[str, str]) -> Caller:
             f"Rate limit exceeded ({settings.TXHUB_THROTTLE_RATE} per token): "
             f"retry in {int(wait)} s.",
         )
-    return caller
 
 
 def topic_of(name: str) -> Any:

@@ -98,7 +98,11 @@ class MessagingService(
     @unary(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        await db(clients.client_terminated, client_id=caller.client_id)
+        await db(
+            clients.client_terminated,
+            client_id=caller.client_id,
+            token_id=caller.principal.token_id,
+        )
         return rpc.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
@@ -248,12 +252,13 @@ class MessagingService(
         commit = request.resolution == pb.COMMIT
         groups = caller.groups("produce")
         if request.source == pb.SOURCE_SERVER_CHECK:
-            # The answer to a check sent on this producer's stream: applied as check-back's.
+            # Check-back's answer if a check is outstanding to this client, else the producer's.
             await db(
                 checkback_stream.checkback_answer,
                 transaction_id=transaction_id,
                 answer="COMMIT" if commit else "ROLLBACK",
-                via={"via": "telemetry", "client_id": caller.client_id},
+                client_id=caller.client_id,
+                producer=Actor(Resolver.PRODUCER, caller.principal.name),
                 producer_groups=groups,
             )
             return rpc.EndTransactionResponse(status=status())

@@ -7,18 +7,68 @@ client reopens a broken stream without re-sending its settings for up to 5 minut
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
+from apps.broker import wakeups
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
-from apps.broker.grpc.protocol import Code, Refusal, duration, pb, rpc, status
+from apps.broker.grpc.protocol import Code, Refusal, duration, pb, refusal_of, rpc, status
+from apps.broker.grpc.resources import count_call
 from apps.broker.models import ConsumerGroup
 from apps.broker.services import clients
+from apps.broker.services.errors import BrokerError
 
-# Streams held by this process: client id -> the commands waiting to be written to it.
-OPEN: dict[str, "asyncio.Queue[Any]"] = {}
+
+@dataclass(eq=False)
+class Stream:
+    """A stream this process holds: the token that opened it (a check is sent on it only while
+    that token may receive it: clients.stream_may_check) and what waits to be written to it, at
+    most TXHUB_GRPC_STREAM_OUTBOX commands: a client that does not read is disconnected, never
+    buffered without bound (docs/decisions/0034)."""
+
+    token_id: int
+    task: "asyncio.Task[Any] | None"
+    outbox: "asyncio.Queue[Any]" = field(
+        default_factory=lambda: asyncio.Queue(maxsize=settings.TXHUB_GRPC_STREAM_OUTBOX)
+    )
+    # The last command the stream writes when it is closed, saying why.
+    ending: Any = None
+    # True while a write is under way: one that does not finish (a client that does not read)
+    # is ended by cancelling the stream's task.
+    writing: bool = False
+
+    def offer(self, command: Any) -> bool:
+        """Queues `command`; a full outbox ends the stream (False)."""
+        try:
+            self.outbox.put_nowait(command)
+            return True
+        except asyncio.QueueFull:
+            self.close(
+                Code.TOO_MANY_REQUESTS,
+                "Closed: more commands waited for this stream than TXHUB_GRPC_STREAM_OUTBOX "
+                "(the client does not read).",
+            )
+            return False
+
+    def close(self, code: int | None, why: str) -> None:
+        """Ends the stream: what waits in the outbox is dropped, `why` is written last (unless
+        `code` is None). A write that is stuck (the client does not read) is cancelled with the
+        stream's task."""
+        log.info("telemetry stream of token %s: %s", self.token_id, why)
+        if code is not None:
+            self.ending = rpc.TelemetryCommand(status=status(code, why))
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
+        self.outbox.put_nowait(None)
+        if self.writing and self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+# Streams held by this process: client id -> its stream.
+OPEN: dict[str, Stream] = {}
 
 # What the server announces (the issue's numbers; RocketMQ's proxy defaults).
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -34,37 +84,60 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
             status=status(Code.CLIENT_ID_REQUIRED, "The x-mq-client-id header is required.")
         )
         return
-    outbox: asyncio.Queue[Any] = asyncio.Queue()
-    OPEN[client_id] = outbox
-    await db(
-        clients.client_stream_opened,
-        client_id=client_id,
-        token_id=caller.principal.token_id,
-        process=process,
-    )
+    try:
+        # The client id must be this token's (clients.client_claim): else refused, nothing held.
+        await db(
+            clients.client_stream_opened,
+            client_id=client_id,
+            token_id=caller.principal.token_id,
+            process=process,
+        )
+    except BrokerError as error:
+        refused = refusal_of(error)
+        yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
+        return
+    stream = Stream(token_id=caller.principal.token_id, task=asyncio.current_task())
+    previous = OPEN.get(client_id)
+    OPEN[client_id] = stream
+    if previous is not None:
+        previous.close(None, "the client opened a new stream")
+    outbox = stream.outbox
+
+    def on_revoked() -> None:
+        stream.close(Code.UNAUTHORIZED, "Closed: the access key was revoked.")
+
+    # Revoking the token ends the stream, in whichever process holds it (wakeups.py).
+    wakeups.hub().watch_token(stream.token_id, on_revoked)
 
     async def read() -> None:
         try:
             async for command in requests:
-                if command.HasField("settings"):
-                    await outbox.put(await _on_settings(caller, command.settings))
+                if not command.HasField("settings"):
+                    continue
+                if not stream.offer(await _on_settings(caller, command.settings)):
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a broken stream: the client reopens it
             log.info("telemetry stream of %s ended: %s", client_id, error)
-        finally:
-            await outbox.put(None)
+        if not stream.offer(None):
+            return
 
     reader = asyncio.create_task(read())
     try:
         while True:
             command = await outbox.get()
             if command is None:
+                if stream.ending is not None:
+                    yield stream.ending
                 return
+            stream.writing = True
             yield command
+            stream.writing = False
     finally:
         reader.cancel()
-        if OPEN.get(client_id) is outbox:
+        wakeups.hub().unwatch_token(stream.token_id, on_revoked)
+        if OPEN.get(client_id) is stream:
             del OPEN[client_id]
             with contextlib.suppress(Exception):  # shutting down: the row is refreshed later
                 await db(clients.client_stream_closed, client_id=client_id, process=process)
@@ -77,9 +150,13 @@ async def _on_settings(caller: Caller, received: Any) -> Any:
         return await db(_settings_reply, caller, received)
     except Refusal as refusal:
         return rpc.TelemetryCommand(status=status(refusal.code, refusal.message))
+    except BrokerError as error:
+        refused = refusal_of(error)
+        return rpc.TelemetryCommand(status=status(refused.code, refused.message))
 
 
 def _settings_reply(caller: Caller, received: Any) -> Any:
+    count_call(caller)  # a settings command is a call like any other (TXHUB_THROTTLE_RATE)
     reply = pb.Settings()
     reply.CopyFrom(received)
     client_type = received.client_type
@@ -136,10 +213,5 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
     return rpc.TelemetryCommand(status=status(), settings=reply)
 
 
-def send_to(client_id: str, command: Any) -> bool:
-    """Queues a command on a stream this process holds; False if it holds none for the client."""
-    outbox = OPEN.get(client_id)
-    if outbox is None:
-        return False
-    outbox.put_nowait(command)
-    return True
+def stream_of(client_id: str) -> Stream | None:
+    return OPEN.get(client_id)

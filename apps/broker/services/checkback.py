@@ -487,11 +487,16 @@ def checkback_run(*, half_id: int) -> str:
         return "skipped"
     # A RocketMQ producer of the group connected to a gRPC process: asked on its stream, and its
     # answer comes back as EndTransaction (checkback_stream.checkback_answer). Otherwise HTTP.
-    sent_to = checkback_stream.checkback_send(half=half)
-    if sent_to is not None:
-        result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)
-    else:
-        result = call_check_url(half)
+    with transaction.atomic():
+        # Lock: the producer's answer to this check (checkback_stream.checkback_answer) waits
+        # until the check's record names the client it was sent to. Held across one Redis
+        # PUBLISH (bounded by its socket timeout), never across the HTTP call below.
+        HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
+        sent_to = checkback_stream.checkback_send(half=half)
+        if sent_to is not None:
+            result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)
+            return checkback_apply(half_id=half_id, result=result)
+    result = call_check_url(half)
     if failpoints.ARMED:
         failpoints.hit("after_check_answer_before_write")
     return checkback_apply(half_id=half_id, result=result)

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.broker.models import HalfMessage, Resolver
+from apps.broker.models import HalfMessage, OpKind, OpRecord, Resolver
 from apps.broker.models import TransactionState as State
 from apps.broker.services import checkback, clients, transactions
 from apps.broker.services.errors import NotFound
@@ -58,17 +58,36 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     return None
 
 
+def check_outstanding(half: HalfMessage, *, client_id: str) -> bool:
+    """Whether the last check of `half` was sent on `client_id`'s stream and is not answered
+    yet: the only case where that client's EndTransaction(SOURCE_SERVER_CHECK) is check-back's
+    answer (docs/decisions/0034). Call with the half locked."""
+    last = OpRecord.objects.filter(half=half, op=OpKind.CHECK).order_by("-id").first()
+    return (
+        last is not None
+        and last.detail.get("via") == "telemetry"
+        and "process" in last.detail  # the record of a check sent; an answer's has none
+        and last.detail.get("client_id") == client_id
+    )
+
+
 def checkback_answer(
     *,
     transaction_id: uuid.UUID,
     answer: str,
-    via: dict[str, Any],
+    client_id: str,
+    producer: Actor,
     producer_groups: Collection[str] | None,
 ) -> str:
-    """Applies a producer's answer to a check sent on its stream. Returns what happened."""
+    """Applies a producer's answer to a check sent on its stream. Returns what happened. With no
+    check outstanding to this client, it is the producer's own resolution (`producer`)."""
+    resolve = (
+        transactions.transaction_commit if answer == "COMMIT" else transactions.transaction_rollback
+    )
     with transaction.atomic():
         # Lock: the producer's own late commit/rollback, an operator or a second answer to the
         # same check queue up here; the answer applies only while the transaction is PREPARED.
+        # checkback_run holds it while it sends a check, so the check's record is seen here.
         half = (
             HalfMessage.objects.select_for_update(of=("self",))
             .select_related("producer_group")
@@ -79,17 +98,16 @@ def checkback_answer(
             producer_groups is not None and half.producer_group.name not in producer_groups
         ):
             raise NotFound(f"Transaction {transaction_id} does not exist.")
+        if not check_outstanding(half, client_id=client_id):
+            resolve(transaction_id=transaction_id, actor=producer, producer_groups=producer_groups)
+            return "producer"
+        via = {"via": "telemetry", "client_id": client_id}
         detail = {"answer": answer, "reached": True, "status": None, "error": "", **via}
         if half.state != State.PREPARED:
             checkback.record_check(half, {**detail, "applied": False}, timezone.now())
             return "resolved-meanwhile"
         # The check was counted when it was sent (checkback_run): not counted again here.
         checkback.record_check(half, {**detail, "applied": True}, timezone.now())
-        resolve = (
-            transactions.transaction_commit
-            if answer == "COMMIT"
-            else transactions.transaction_rollback
-        )
         resolve(
             transaction_id=transaction_id,
             actor=CHECK_BACK,

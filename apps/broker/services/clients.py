@@ -1,43 +1,86 @@
 """RocketMQ clients known to the gRPC door: one row per client id (models.GrpcClient).
 
 Written when a client says who it is (Telemetry settings, heartbeats) and when its stream opens
-or closes; read by check-back (which process holds a producer's stream) and by the console."""
+or closes; read by check-back (which process holds a producer's stream) and by the console.
+
+Two rules live here and nowhere else (docs/decisions/0034): a client id belongs to the token that
+first used it, and to its group (`client_claim`, called by every write of a client row); a check
+is sent on a stream only while the stream's token holds `produce:<group>` of the transaction
+(`stream_may_check`, read when the check is forwarded)."""
 
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from apps.broker.models import GrpcClient
+from apps.broker.models import ApiToken, GrpcClient
+from apps.broker.services.errors import Forbidden
 
 
-def client_seen(*, client_id: str, token_id: int | None, **fields: Any) -> GrpcClient:
+def _token_live(token_id: int | None) -> bool:
+    if token_id is None:
+        return False
+    now = timezone.now()
+    return (
+        ApiToken.objects.filter(id=token_id)
+        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=now))
+        .exists()
+    )
+
+
+def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClient:
+    """The client's row, locked, once the caller is known to own the client id; call inside
+    `transaction.atomic()`. A new id becomes the caller's. An id owned by another live token, or
+    used for another group, is refused (Forbidden) and nothing changes. An id whose token was
+    revoked or deleted may be taken by a new one (its owner can call nothing any more)."""
+    for _ in range(2):
+        # Lock: two tokens claiming the same new id at once; the second waits and sees the first.
+        row = GrpcClient.objects.select_for_update().filter(client_id=client_id).first()
+        if row is not None:
+            break
+        try:
+            with transaction.atomic():
+                return GrpcClient.objects.create(
+                    client_id=client_id, client_type="UNKNOWN", token_id=token_id, group=group
+                )
+        except IntegrityError:
+            continue  # created meanwhile by another call: read it, locked
+    else:
+        raise Forbidden("This client id is in use by another client.")
+    if row.token_id != token_id:
+        if _token_live(row.token_id):
+            raise Forbidden("This client id belongs to another token: use a client id of yours.")
+        row.token_id = token_id
+        row.group = group
+    elif group and row.group and row.group != group:
+        raise Forbidden(f"This client id is used for group {row.group!r}, not {group!r}.")
+    return row
+
+
+def client_seen(*, client_id: str, token_id: int, **fields: Any) -> GrpcClient:
     """Creates or refreshes the client's row with what it said (settings, heartbeat)."""
     values = {k: v for k, v in fields.items() if v not in (None, "")}
-    client, _ = GrpcClient.objects.update_or_create(
-        client_id=client_id,
-        defaults={**values, "token_id": token_id, "seen_at": timezone.now()},
-        create_defaults={
-            **values,
-            "token_id": token_id,
-            "client_type": values.get("client_type") or "UNKNOWN",
-        },
-    )
+    with transaction.atomic():
+        client = client_claim(
+            client_id=client_id, token_id=token_id, group=str(values.get("group", ""))
+        )
+        for name, value in values.items():
+            setattr(client, name, value)
+        client.seen_at = timezone.now()
+        client.save()
     return client
 
 
 def client_stream_opened(*, client_id: str, token_id: int, process: str) -> None:
+    """Raises Forbidden when the id is not the caller's (client_claim)."""
     now = timezone.now()
-    updated = GrpcClient.objects.filter(client_id=client_id).update(
-        stream_process=process, seen_at=now, connected_at=now, token_id=token_id
-    )
-    if not updated:
-        # A client this deployment has not heard from yet: it sends its settings next.
-        GrpcClient.objects.create(
-            client_id=client_id, client_type="UNKNOWN", token_id=token_id, stream_process=process
-        )
+    with transaction.atomic():
+        client = client_claim(client_id=client_id, token_id=token_id)
+        client.stream_process, client.seen_at, client.connected_at = process, now, now
+        client.save()
 
 
 def client_stream_closed(*, client_id: str, process: str) -> None:
@@ -45,10 +88,26 @@ def client_stream_closed(*, client_id: str, process: str) -> None:
     GrpcClient.objects.filter(client_id=client_id, stream_process=process).update(stream_process="")
 
 
-def client_terminated(*, client_id: str) -> None:
-    GrpcClient.objects.filter(client_id=client_id).update(
-        stream_process="", seen_at=timezone.now() - timedelta(days=1)
+def client_terminated(*, client_id: str, token_id: int) -> None:
+    """Raises Forbidden when the id is not the caller's (client_claim)."""
+    with transaction.atomic():
+        client = client_claim(client_id=client_id, token_id=token_id)
+        client.stream_process, client.seen_at = "", timezone.now() - timedelta(days=1)
+        client.save()
+
+
+def stream_may_check(*, token_id: int, producer_group: str) -> bool:
+    """Whether a check of a transaction of `producer_group` may be sent on a stream opened with
+    this token: read when the check is forwarded, so a token revoked or narrowed since the
+    stream opened receives nothing."""
+    now = timezone.now()
+    token = (
+        ApiToken.objects.filter(id=token_id)
+        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=now))
+        .only("scopes")
+        .first()
     )
+    return token is not None and f"produce:{producer_group}" in token.scopes
 
 
 def clients_connected(*, group: str | None = None) -> QuerySet[GrpcClient]:

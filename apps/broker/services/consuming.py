@@ -89,6 +89,7 @@ class WaitPlan:
     wait_seconds: int
     tags: frozenset[str] | None
     seen: int
+    token_id: int | None = None  # whose receive: its revocation ends the wait
 
 
 def receive_once(plan: WaitPlan) -> list[Received]:

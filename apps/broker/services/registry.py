@@ -5,7 +5,7 @@ import secrets
 from collections.abc import Collection
 from typing import TypeVar
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from apps.broker import config_cache
@@ -19,6 +19,8 @@ from apps.broker.models import (
 from apps.broker.services.checkback import callback_url_check, new_signing_secret
 from apps.broker.services.credentials import new_access_key
 from apps.broker.services.errors import Conflict, NotFound, invalid
+from apps.broker.services.sending import RECEIVABLE_CHANNEL
+from apps.broker.wakeups import REVOKED
 
 TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
 
@@ -176,3 +178,7 @@ def token_revoke(*, token_id: int) -> None:
     # revoked token fails at once (docs/decisions/0026); if they cannot be told, 503 and the
     # revocation is rolled back.
     config_cache.changed()
+    # What the token holds open (waiting receives, Telemetry streams) ends in every process,
+    # woken by their LISTEN hubs when this commits (apps/broker/wakeups.py, decision 0034).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [RECEIVABLE_CHANNEL, f"{REVOKED} {token_id}"])

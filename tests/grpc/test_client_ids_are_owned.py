@@ -1,0 +1,215 @@
+"""A RocketMQ client id belongs to the token that first used it (docs/decisions/0034): another
+tenant's token that names it is refused and takes nothing over, and the victim's check-backs
+reach the victim. An EndTransaction(SOURCE_SERVER_CHECK) with no check outstanding to the client
+is the producer's own resolution. Raw stubs on the real gRPC server; the check is sent by the
+check-back service the Celery task runs, through Redis to the server's listener."""
+
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
+from apps.broker.services import checkback
+from tests.conftest import ROOT
+from tests.e2e.conftest import TEST_BROKER_URL, wait_until
+from tests.grpc.conftest import GrpcServer, Setup
+from tests.grpc.test_push_consumer import signed
+
+pytestmark = pytest.mark.e2e
+
+VICTIM_ID = "victim-host@4242@0@producer"
+# What the gRPC server logs when a check is not sent on a stream (grpc/checks.py).
+REFUSED_LINE = "the stream's token may not receive it"
+WAIT = 20  # seconds an expected command may take to arrive (a bound, not a measurement)
+
+
+class Telemetry:
+    """An open Telemetry stream: commands are sent on demand, answers gathered by a thread."""
+
+    def __init__(self, stub: MessagingServiceStub, meta: Any, *, read: bool = True) -> None:
+        self.outgoing: queue.Queue[Any] = queue.Queue()
+        self.incoming: queue.Queue[Any] = queue.Queue()
+        self.call = stub.Telemetry(iter(self.outgoing.get, None), metadata=meta)
+        self.errors: list[BaseException] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        if read:
+            self.reader.start()
+
+    @classmethod
+    def unread(cls, stub: MessagingServiceStub, meta: Any) -> "Telemetry":
+        """A client that sends and never reads what the server writes."""
+        return cls(stub, meta, read=False)
+
+    def _read(self) -> None:
+        try:
+            for command in self.call:
+                self.incoming.put(command)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.CANCELLED:
+                self.errors.append(error)
+        except BaseException as error:  # noqa: BLE001 - reported by close()
+            self.errors.append(error)
+        self.incoming.put(None)  # the stream ended
+
+    def send_settings(self, topics: list[str]) -> None:
+        publishing = pb.Publishing(topics=[pb.Resource(name=topic) for topic in topics])
+        self.outgoing.put(
+            rpc.TelemetryCommand(
+                settings=pb.Settings(client_type=pb.PRODUCER, publishing=publishing)
+            )
+        )
+
+    def settings(self, topic: str) -> Any:
+        self.send_settings([topic])
+        return self.next()
+
+    def next(self) -> Any:
+        return self.incoming.get(timeout=WAIT)
+
+    def close(self) -> None:
+        self.outgoing.put(None)
+        self.call.cancel()
+        if self.reader.is_alive():
+            self.reader.join(timeout=WAIT)
+        assert not self.errors, self.errors
+
+
+@pytest.fixture
+def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
+    with grpc.insecure_channel(grpc_server.endpoint) as channel:
+        yield MessagingServiceStub(channel)
+
+
+@pytest.fixture
+def streams() -> Iterator[list[Telemetry]]:
+    opened: list[Telemetry] = []
+    yield opened
+    for stream in opened:
+        stream.close()
+
+
+def prepare(stub: MessagingServiceStub, meta: Any, setup: Setup) -> HalfMessage:
+    request = rpc.SendMessageRequest()
+    item = request.messages.add()
+    item.topic.name = setup.topic
+    item.body = b"the victim's order 9527"
+    item.system_properties.message_id = uuid.uuid4().hex.upper()
+    item.system_properties.message_type = pb.TRANSACTION
+    answer = stub.SendMessage(request, metadata=meta)
+    assert answer.status.code == pb.Code.OK, answer.status
+    return HalfMessage.objects.get(msg_id=answer.entries[0].message_id)
+
+
+def test_another_token_naming_a_victims_client_id_is_refused_and_checks_reach_the_victim(
+    grpc_server: GrpcServer,
+    rocketmq_setup: Any,
+    stub: MessagingServiceStub,
+    streams: list[Telemetry],
+    settings: Any,
+) -> None:
+    settings.CELERY_BROKER_URL = TEST_BROKER_URL  # where the gRPC server listens for checks
+    victim, intruder = rocketmq_setup("-victim"), rocketmq_setup("-intruder")
+    victim_meta = signed(grpc_server, victim, VICTIM_ID)
+    stolen_meta = signed(grpc_server, intruder, VICTIM_ID)
+    victim_stream = Telemetry(stub, victim_meta)
+    streams.append(victim_stream)
+    assert victim_stream.settings(victim.topic).status.code == pb.Code.OK
+
+    intruder_stream = Telemetry(stub, stolen_meta)
+    streams.append(intruder_stream)
+    refused = intruder_stream.next()
+    assert refused.status.code == pb.Code.FORBIDDEN, refused
+    assert intruder_stream.next() is None  # and the stream ends
+    heartbeat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
+    assert stub.Heartbeat(heartbeat, metadata=stolen_meta).status.code == pb.Code.FORBIDDEN
+    goodbye = rpc.NotifyClientTerminationRequest()
+    assert (
+        stub.NotifyClientTermination(goodbye, metadata=stolen_meta).status.code == pb.Code.FORBIDDEN
+    )
+    row = GrpcClient.objects.get(client_id=VICTIM_ID)
+    assert (row.token_id, row.group) == (victim.token_id, victim.producer)
+    assert row.stream_process, "the victim's stream is no longer the one held"
+    # Positive control: the intruder's token works under a client id of its own.
+    own = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
+    own_meta = signed(grpc_server, intruder, "intruder-host@1@0@producer")
+    assert stub.Heartbeat(own, metadata=own_meta).status.code == pb.Code.OK
+
+    half = prepare(stub, victim_meta, victim)
+    assert checkback.checkback_run(half_id=half.pk) == "unknown"  # sent on a stream
+    command = victim_stream.next()
+    assert command is not None, "the victim's stream ended"
+    check = command.recover_orphaned_transaction_command
+    assert check.transaction_id == str(half.transaction_id), command
+    assert check.message.body == b"the victim's order 9527"
+    [sent] = OpRecord.objects.filter(half=half, op="CHECK")
+    assert sent.detail["client_id"] == VICTIM_ID
+
+    # The victim answers the check: check-back's resolution.
+    end = rpc.EndTransactionRequest(
+        topic=pb.Resource(name=victim.topic),
+        message_id=half.msg_id,
+        transaction_id=str(half.transaction_id),
+        resolution=pb.COMMIT,
+        source=pb.SOURCE_SERVER_CHECK,
+    )
+    assert stub.EndTransaction(end, metadata=victim_meta).status.code == pb.Code.OK
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+
+
+def test_a_server_check_answer_with_no_check_outstanding_is_the_producers_resolution(
+    grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
+) -> None:
+    setup = rocketmq_setup("-unasked")
+    meta = signed(grpc_server, setup, "unasked-host@7@0@producer")
+    half = prepare(stub, meta, setup)
+    end = rpc.EndTransactionRequest(
+        topic=pb.Resource(name=setup.topic),
+        message_id=half.msg_id,
+        transaction_id=str(half.transaction_id),
+        resolution=pb.ROLLBACK,
+        source=pb.SOURCE_SERVER_CHECK,
+    )
+    assert stub.EndTransaction(end, metadata=meta).status.code == pb.Code.OK
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("ROLLED_BACK", "PRODUCER")
+    assert not OpRecord.objects.filter(half=half, op="CHECK").exists()
+
+
+def test_a_check_is_not_sent_on_a_stream_whose_token_lost_the_producer_scope(
+    grpc_server: GrpcServer,
+    rocketmq_setup: Any,
+    stub: MessagingServiceStub,
+    streams: list[Telemetry],
+    settings: Any,
+) -> None:
+    settings.CELERY_BROKER_URL = TEST_BROKER_URL
+    setup = rocketmq_setup("-narrowed")
+    meta = signed(grpc_server, setup, "narrowed-host@1@0@producer")
+    stream = Telemetry(stub, meta)
+    streams.append(stream)
+    assert stream.settings(setup.topic).status.code == pb.Code.OK
+    before, after = prepare(stub, meta, setup), prepare(stub, meta, setup)
+    # Positive control: while the token holds produce:<group>, the check reaches the stream.
+    assert checkback.checkback_run(half_id=before.pk) == "unknown"
+    command = stream.next()
+    assert command is not None
+    assert command.recover_orphaned_transaction_command.transaction_id == str(before.transaction_id)
+    # An operator narrows the token (as the admin's save does): the open stream stays, but the
+    # next check is not sent on it (read when it is forwarded, not when the stream opened).
+    token = ApiToken.objects.get(pk=setup.token_id)
+    token.scopes = [f"consume:{setup.consumer}"]
+    token.save()
+    log = ROOT / "var" / "test-grpc.log"
+    refusals = log.read_text().count(REFUSED_LINE)
+    assert checkback.checkback_run(half_id=after.pk) == "unknown"  # handed to the process
+    assert wait_until(lambda: log.read_text().count(REFUSED_LINE) > refusals, timeout=WAIT)
+    assert stream.incoming.empty(), stream.incoming.get()

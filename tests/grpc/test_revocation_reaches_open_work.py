@@ -1,0 +1,102 @@
+"""Revoking a token ends what it holds open, in the processes that hold it (docs/decisions/0034):
+its Telemetry streams close, its waiting receives end answering as an unauthenticated call would
+(gRPC UNAUTHORIZED, REST 401), over the real gRPC server and the real ASGI gunicorn. The
+revocation is the service DELETE /api/v1/tokens/{id} runs; it reaches them through Postgres
+NOTIFY on the wake-up hubs' channel."""
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+import requests
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+from apps.broker.models import ConsumerCursor
+from apps.broker.services import registry
+from tests.conftest import Server
+from tests.e2e.conftest import wait_until
+from tests.grpc.conftest import GrpcServer
+from tests.grpc.test_client_ids_are_owned import WAIT, Telemetry
+from tests.grpc.test_push_consumer import signed
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
+    with grpc.insecure_channel(grpc_server.endpoint) as channel:
+        yield MessagingServiceStub(channel)
+
+
+def waiting(topic: str, group: str) -> bool:
+    """A receive of the group has made its first try (it created the group's cursors): from here
+    on it waits, or is about to."""
+    return ConsumerCursor.objects.filter(topic__name=topic, group__name=group).exists()
+
+
+def test_revoking_a_token_closes_its_streams_and_ends_its_grpc_long_poll(
+    grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
+) -> None:
+    doomed, other = rocketmq_setup("-doomed"), rocketmq_setup("-spared")
+    doomed_stream = Telemetry(stub, signed(grpc_server, doomed, "doomed-host@1@0@producer"))
+    other_stream = Telemetry(stub, signed(grpc_server, other, "spared-host@1@0@producer"))
+    try:
+        assert doomed_stream.settings(doomed.topic).status.code == pb.Code.OK
+        assert other_stream.settings(other.topic).status.code == pb.Code.OK
+        receive = rpc.ReceiveMessageRequest(
+            group=pb.Resource(name=doomed.consumer),
+            message_queue=pb.MessageQueue(topic=pb.Resource(name=doomed.topic), id=-1),
+            long_polling_timeout={"seconds": 60},
+        )
+        meta = signed(grpc_server, doomed, "doomed-host@1@0@consumer")
+        with ThreadPoolExecutor(1) as pool:
+            poll = pool.submit(lambda: list(stub.ReceiveMessage(receive, metadata=meta)))
+            assert wait_until(lambda: waiting(doomed.topic, doomed.consumer), timeout=WAIT)
+            assert not poll.done()
+            registry.token_revoke(token_id=doomed.token_id)
+            [answer] = poll.result(timeout=WAIT)
+        assert answer.status.code == pb.Code.UNAUTHORIZED, answer.status
+        assert "revoked" in answer.status.message
+        last = doomed_stream.next()
+        assert last is not None, "the stream ended without saying why"
+        assert last.status.code == pb.Code.UNAUTHORIZED, last
+        assert doomed_stream.next() is None, "the revoked token's stream is still open"
+        # Positive control: another token's stream is untouched.
+        assert other_stream.settings(other.topic).status.code == pb.Code.OK
+    finally:
+        doomed_stream.close()
+        other_stream.close()
+
+
+def test_revoking_a_token_ends_its_rest_long_poll_with_401(server: Server) -> None:
+    registry.topic_create(name="revoked-rest", queues=1)
+    registry.consumer_group_create(
+        name="revoked-rest-c", max_delivery_attempts=16, consume_from="first"
+    )
+    token, raw = registry.token_create(name="doomed-rest", scopes=["consume:revoked-rest-c"])
+    outcome: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        outcome["answer"] = requests.post(
+            server.url("/api/v1/consumer-groups/revoked-rest-c/receive"),
+            json={"topic": "revoked-rest", "wait_seconds": 20},
+            headers={"Authorization": f"Bearer {raw}"},
+            timeout=WAIT + 20,
+        )
+
+    thread = threading.Thread(target=long_poll)
+    thread.start()
+    try:
+        assert wait_until(lambda: waiting("revoked-rest", "revoked-rest-c"), timeout=WAIT)
+        registry.token_revoke(token_id=token.pk)
+    finally:
+        thread.join(timeout=WAIT)
+    assert not thread.is_alive(), "the revoked token's long poll is still waiting"
+    answer = outcome["answer"]
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"]["code"] == "unauthenticated"

@@ -1,0 +1,56 @@
+"""A Telemetry stream's outbox is bounded (TXHUB_GRPC_STREAM_OUTBOX, docs/decisions/0034): a
+client that sends and never reads is disconnected, its replies are not buffered without bound.
+Raw stubs on a real gRPC server started with a small bound."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+from apps.broker.models import GrpcClient
+from tests.conftest import ROOT, free_port
+from tests.e2e.conftest import wait_until
+from tests.grpc.conftest import GrpcServer, start_grpc, stop
+from tests.grpc.test_client_ids_are_owned import WAIT, Telemetry
+from tests.grpc.test_push_consumer import signed
+
+pytestmark = pytest.mark.e2e
+
+OUTBOX = 2
+CLIENT_ID = "deaf-host@1@0@producer"
+
+
+@pytest.fixture(scope="module")
+def bounded_server(django_db_setup: None) -> Iterator[GrpcServer]:
+    port = free_port()
+    with open(ROOT / "var" / "test-grpc-outbox.log", "w") as log:
+        process = start_grpc(port, log, {"TXHUB_GRPC_STREAM_OUTBOX": str(OUTBOX)})
+        yield GrpcServer(port, process, log)
+        stop(process)
+
+
+def held(client_id: str) -> bool:
+    return GrpcClient.objects.filter(client_id=client_id).exclude(stream_process="").exists()
+
+
+def test_a_client_that_never_reads_is_disconnected(
+    bounded_server: GrpcServer, rocketmq_setup: Any
+) -> None:
+    setup = rocketmq_setup("-deaf")
+    # Each settings reply echoes the client's settings: close to 1 MiB of topic names makes every
+    # reply bigger than what HTTP/2 flow control lets through to a client that does not read.
+    topics = [f"t{i:05d}" + "x" * 250 for i in range(3500)]
+    with grpc.insecure_channel(bounded_server.endpoint) as channel:
+        stream = Telemetry.unread(
+            MessagingServiceStub(channel), signed(bounded_server, setup, CLIENT_ID)
+        )
+        try:
+            assert wait_until(lambda: held(CLIENT_ID), timeout=WAIT)  # the stream is open
+            for _ in range(OUTBOX + 14):
+                stream.send_settings(topics)
+            ended = wait_until(lambda: not held(CLIENT_ID), timeout=WAIT)
+        finally:
+            stream.close()
+    assert ended, "a stream whose client does not read is still held"

@@ -8,7 +8,7 @@ them at TXHUB_WEB_REQUEST_READ_SECONDS), and the web processes' memory. Runs aga
 
 import argparse
 import os
-import select
+import selectors
 import socket
 import statistics
 import sys
@@ -60,15 +60,22 @@ class Lorises:
         self.sockets.append(sock)
 
     def run(self) -> None:
+        # epoll, not select(): a thousand sockets go past file descriptor 1024.
+        watcher = selectors.DefaultSelector()
         while len(self.sockets) < self.count:
             self.open_one()
+            watcher.register(self.sockets[-1], selectors.EVENT_READ)
         while not self.stop.is_set():
-            readable, _, _ = select.select(self.sockets, [], [], 0.2)
-            for sock in readable:  # the server answered (408) or closed it: open another
+            for key, _ in watcher.select(0.2):  # answered (408) or closed: open another
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                watcher.unregister(sock)
                 sock.close()
                 self.sockets.remove(sock)
                 self.open_one()
+                watcher.register(self.sockets[-1], selectors.EVENT_READ)
                 self.reopened += 1
+        watcher.close()
         for sock in self.sockets:
             sock.close()
 

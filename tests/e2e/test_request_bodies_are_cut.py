@@ -4,7 +4,7 @@ refused before its body is read, one with a token is cut at the limit, a declare
 is answered without reading it, and nothing of any of them is written to disk."""
 
 import os
-import select
+import selectors
 import signal
 import socket
 import time
@@ -58,10 +58,14 @@ def upload(port: int, head: bytes, total: int, chunked: bool = True) -> tuple[in
     piece = b"x" * (64 * 1024)
     frame = (b"%x\r\n" % len(piece)) + piece + b"\r\n" if chunked else piece
     pending, sent, answer = b"", 0, b""
+    # epoll, not select(): the test process may hold file descriptors above 1024.
+    watcher = selectors.DefaultSelector()
+    watcher.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
     try:
         while sent < total:
-            readable, writable, _ = select.select([sock], [sock], [], 5)
-            if readable or not writable:
+            events = watcher.select(5)
+            ready = events[0][1] if events else 0
+            if ready & selectors.EVENT_READ or not ready & selectors.EVENT_WRITE:
                 break  # an answer, or the server stopped reading
             pending = pending or frame
             try:
@@ -78,6 +82,7 @@ def upload(port: int, head: bytes, total: int, chunked: bool = True) -> tuple[in
         except (TimeoutError, ConnectionResetError):
             pass
     finally:
+        watcher.close()
         sock.close()
     return sent, answer
 

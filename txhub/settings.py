@@ -443,6 +443,19 @@ TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS = env_float("TXHUB_GRPC_SIGNATURE_MAX_SKEW
 # Commands waiting to be written to one Telemetry stream (a check carries its message's body):
 # a client that lets more pile up is disconnected (docs/decisions/0034).
 TXHUB_GRPC_STREAM_OUTBOX = env_int("TXHUB_GRPC_STREAM_OUTBOX", 16)
+# A client not seen for this long is forgotten by the retention sweep (its row deleted).
+TXHUB_GRPC_CLIENT_FORGET_SECONDS = env_float("TXHUB_GRPC_CLIENT_FORGET_SECONDS", 86400)
+# The gRPC server's own bounds, per process (grpcio's options; docs/decisions/0037): RPCs at once
+# (more: RESOURCE_EXHAUSTED), HTTP/2 streams per connection, a connection with no RPC for this
+# long is closed, and every connection is closed after this age (clients reconnect), its open
+# RPCs given the grace to end.
+TXHUB_GRPC_MAX_CONCURRENT_RPCS = env_int("TXHUB_GRPC_MAX_CONCURRENT_RPCS", 2000)
+TXHUB_GRPC_MAX_STREAMS_PER_CONNECTION = env_int("TXHUB_GRPC_MAX_STREAMS_PER_CONNECTION", 128)
+TXHUB_GRPC_MAX_CONNECTION_IDLE_SECONDS = env_int("TXHUB_GRPC_MAX_CONNECTION_IDLE_SECONDS", 1800)
+TXHUB_GRPC_MAX_CONNECTION_AGE_SECONDS = env_int("TXHUB_GRPC_MAX_CONNECTION_AGE_SECONDS", 86400)
+TXHUB_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS = env_int(
+    "TXHUB_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS", 60
+)
 # A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
 # repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
 TXHUB_GRPC_CONSUMER_BACKOFF = [

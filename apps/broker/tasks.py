@@ -13,7 +13,14 @@ from celery.signals import worker_init
 from django.conf import settings
 from django.utils import timezone
 
-from apps.broker.services import checkback, consuming, delivery, idempotency, reconciliation
+from apps.broker.services import (
+    checkback,
+    clients,
+    consuming,
+    delivery,
+    idempotency,
+    reconciliation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +97,7 @@ def deliveries_expire_scan() -> int:
 def retention_sweep() -> dict[str, int]:
     swept = delivery.retention_sweep()
     swept["idempotency_keys"] = idempotency.idempotency_sweep()
+    swept["grpc_clients"] = clients.clients_sweep()
     _did("retention_sweep", **swept)
     return swept
 

@@ -30,6 +30,8 @@ def process_name() -> str:
 async def serve(*, host: str, port: int) -> None:
     process = process_name()
     server = grpc.aio.server(
+        # What one client or many may hold of this process (docs/decisions/0037).
+        maximum_concurrent_rpcs=settings.TXHUB_GRPC_MAX_CONCURRENT_RPCS,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -37,7 +39,14 @@ async def serve(*, host: str, port: int) -> None:
             # Clients keep one connection for hours; keepalive pings from them are welcome.
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
             ("grpc.keepalive_permit_without_calls", 1),
-        ]
+            ("grpc.max_concurrent_streams", settings.TXHUB_GRPC_MAX_STREAMS_PER_CONNECTION),
+            ("grpc.max_connection_idle_ms", 1000 * settings.TXHUB_GRPC_MAX_CONNECTION_IDLE_SECONDS),
+            ("grpc.max_connection_age_ms", 1000 * settings.TXHUB_GRPC_MAX_CONNECTION_AGE_SECONDS),
+            (
+                "grpc.max_connection_age_grace_ms",
+                1000 * settings.TXHUB_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS,
+            ),
+        ],
     )
     rpc_grpc.add_MessagingServiceServicer_to_server(MessagingService(process=process), server)
     address = f"{host}:{port}"

@@ -110,6 +110,23 @@ def stream_may_check(*, token_id: int, producer_group: str) -> bool:
     return token is not None and f"produce:{producer_group}" in token.scopes
 
 
+def clients_sweep(*, batch: int = 1000) -> int:
+    """Deletes the rows of clients not seen (no heartbeat, no call) for longer than
+    TXHUB_GRPC_CLIENT_FORGET_SECONDS, in batches; returns how many. A live client refreshes its
+    row every few seconds, so a row this old is a client gone (a crash leaves its stream process
+    set): its id may be claimed again (docs/decisions/0034)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_FORGET_SECONDS)
+    total = 0
+    while True:
+        ids = list(
+            GrpcClient.objects.filter(seen_at__lt=cutoff).values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return total
+        deleted, _ = GrpcClient.objects.filter(pk__in=ids, seen_at__lt=cutoff).delete()
+        total += deleted
+
+
 def clients_connected(*, group: str | None = None) -> QuerySet[GrpcClient]:
     """Clients with a stream open, or seen within TXHUB_GRPC_CLIENT_TTL."""
     recent = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_TTL)

@@ -289,6 +289,16 @@ def run_oncommit(seconds: float, producers: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
+def run_junk(url: str, seconds: float) -> list[str]:
+    """bench/junk_tokens.py: producers alone and beside a junk-token flood, its own lines."""
+    command = [sys.executable, str(ROOT / "bench" / "junk_tokens.py"), "--url", url]
+    command += ["--seconds", str(seconds)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return [f"{FAILED}junk_tokens ({result.returncode}): {result.stderr.strip()[-600:]}"]
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
 def run_grpc(url: str, seconds: float) -> list[str]:
     """bench/grpc_send.py: the gRPC door (official Python client) against REST, its own line."""
     command = [sys.executable, str(ROOT / "bench" / "grpc_send.py"), "--url", url]
@@ -312,7 +322,7 @@ def main() -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=6)
     parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: batched,grpc,waiting,oncommit,failpoints"
+        "--skip", default="", help="comma-separated: batched,grpc,junk,waiting,oncommit,failpoints"
     )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -411,6 +421,8 @@ def main() -> None:
     steps: list[list[str]] = []
     if "grpc" not in skip:
         steps.append(run_grpc(args.url, args.seconds))
+    if "junk" not in skip:
+        steps.append(run_junk(args.url, args.seconds))
     if "oncommit" not in skip:
         steps.append(run_oncommit(args.seconds, peak_n))
     # Last: a server that holds a thread per wait stays busy with them after the bench gives up.

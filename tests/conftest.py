@@ -20,6 +20,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from apps.broker import config_cache
+from apps.broker.api import failed_auth
 from apps.broker.services import registry
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
@@ -46,6 +47,7 @@ def fresh_configuration_epoch() -> None:
     test (apps/broker/config_cache.py)."""
     config_cache.forget()
     config_cache.changed()
+    failed_auth.forget()
 
 
 def client_for(*scopes: str, name: str = "test") -> APIClient:

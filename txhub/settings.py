@@ -238,6 +238,12 @@ TXHUB_THROTTLE_CACHE = "default"
 # Tokens, groups, topics and bindings kept per web process, checked against an epoch in that
 # cache on every request (docs/decisions/0026); this long at most whatever the epoch says. 0: off.
 TXHUB_CONFIG_CACHE_SECONDS = env_float("TXHUB_CONFIG_CACHE_SECONDS", 10.0)
+# Failed authentications (docs/decisions/0038), per web process, in memory: bad token hashes
+# remembered (how many, how long), and failures per client address per minute before its
+# requests with unknown tokens are answered 429 without any lookup (0: no such limit).
+TXHUB_BAD_TOKEN_MEMORY = env_int("TXHUB_BAD_TOKEN_MEMORY", 10000)
+TXHUB_BAD_TOKEN_SECONDS = env_float("TXHUB_BAD_TOKEN_SECONDS", 300)
+TXHUB_AUTH_FAILURES_PER_MINUTE = env_int("TXHUB_AUTH_FAILURES_PER_MINUTE", 60)
 # Per API token, DRF's syntax ("2000/s", "100/min"); "0" or empty turns rate limiting off.
 TXHUB_THROTTLE_RATE = env_str("TXHUB_THROTTLE_RATE", "2000/s").strip()
 if TXHUB_THROTTLE_RATE in {"", "0"} or TXHUB_THROTTLE_RATE.startswith("0/"):

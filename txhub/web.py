@@ -216,11 +216,21 @@ class TxhubASGIHandler(ASGIHandler):
         if not scope["path"].startswith("/api/") or not _large_or_unbounded(scope):
             return None
         authorization = _header(scope, b"authorization")
+        address = (scope.get("client") or ("",))[0]
 
         def check() -> HttpResponse | None:
             try:
-                auth.bearer_user(authorization)
+                auth.bearer_user(authorization, address)
                 return None
+            except exceptions.Throttled as error:
+                wait = max(1, int(getattr(error, "wait", None) or 1))
+                answer = HttpResponse(
+                    json.dumps(error_body("throttled", str(error.detail), {"retry_after": wait})),
+                    status=429,
+                    content_type="application/json",
+                )
+                answer["Retry-After"] = str(wait)
+                return answer
             except (exceptions.NotAuthenticated, exceptions.AuthenticationFailed) as error:
                 answer = HttpResponse(
                     json.dumps(error_body("unauthenticated", str(error.detail))),

@@ -23,6 +23,7 @@ SMOKED = {
     "delay_lateness.py",
     "grpc_send.py",
     "hostile_body.py",
+    "junk_tokens.py",
     "oncommit/run.py",
     "produce_consume.py",
     "reconcile.py",
@@ -70,7 +71,13 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
         *("--skip", "waiting,oncommit"),  # each has its own smoke run below
         TXHUB_GRPC_PORT=str(grpc_server.port),
     )
-    for line in ("txhub / ceiling:", "batched / ceiling:", "server CPU, single", "gRPC"):
+    for line in (
+        "txhub / ceiling:",
+        "batched / ceiling:",
+        "server CPU, single",
+        "gRPC",
+        "beside a junk-token flood",
+    ):
         assert line in out, out
 
 

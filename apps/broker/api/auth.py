@@ -13,6 +13,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.request import Request
 
 from apps.broker import config_cache
+from apps.broker.api import failed_auth
 from apps.broker.api.throttling import COUNTED, Counted, TokenRateThrottle
 from apps.broker.services.registry import hash_token
 
@@ -50,11 +51,13 @@ class BearerTokenAuthentication(BaseAuthentication):
         raw = bearer_of(get_authorization_header(request))
         if raw is None:
             return None
+        hashed = hash_token(raw)
+        address = request.META.get("REMOTE_ADDR", "")
+        refuse_early(hashed, address)
         # The epoch first: a token revoked before it was read is loaded anew (config_cache.py),
         # so a revocation holds at once on every web process.
-        hashed = hash_token(raw)
         epoch = _epoch_and_count(request, hashed)
-        user = user_of(hashed, epoch)
+        user = user_of(hashed, epoch, address=address)
         return user, user.token_id
 
     def authenticate_header(self, request: Request) -> str:
@@ -72,23 +75,41 @@ def bearer_of(authorization: bytes) -> str | None:
     return parts[1].decode("latin-1")
 
 
-def user_of(hashed: str, epoch: str | None) -> TokenUser:
+def refuse_early(hashed: str, address: str) -> None:
+    """Before any Redis or Postgres work (docs/decisions/0038): a token found bad recently is
+    refused again at once, and an address past its failed authentications is throttled unless
+    its token is one this process already knows as good."""
+    if failed_auth.known_bad(hashed):
+        raise exceptions.AuthenticationFailed(UNKNOWN_TOKEN)
+    wait = failed_auth.over_budget(address)
+    if wait is not None and config_cache.peek(("token", hashed)) is None:
+        raise exceptions.Throttled(wait=wait, detail="Too many failed authentications.")
+
+
+UNKNOWN_TOKEN = "The token is unknown or revoked."  # noqa: S105 - a message, not a secret
+
+
+def user_of(hashed: str, epoch: str | None, *, address: str = "") -> TokenUser:
     """The one token lookup of every HTTP door: the token behind a hash, from this process's
-    cache under `epoch` or Postgres; AuthenticationFailed when unknown or revoked."""
+    cache under `epoch` or Postgres; AuthenticationFailed when unknown or revoked (and the
+    failure is remembered, docs/decisions/0038)."""
     token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
     if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
-        raise exceptions.AuthenticationFailed("The token is unknown or revoked.")
+        failed_auth.failed(hashed, address)
+        raise exceptions.AuthenticationFailed(UNKNOWN_TOKEN)
     return TokenUser(token.id, token.name, token.scopes, config_epoch=epoch)
 
 
-def bearer_user(authorization: bytes) -> TokenUser:
+def bearer_user(authorization: bytes, address: str = "") -> TokenUser:
     """For a door outside DRF's request cycle (the web tier's body gate): the header's token,
-    or AuthenticationFailed (no bearer header included). Counts no request against the rate
-    limit: the view that answers the request does."""
+    or AuthenticationFailed (no bearer header included) or Throttled. Counts no request against
+    the rate limit: the view that answers the request does."""
     raw = bearer_of(authorization)
     if raw is None:
         raise exceptions.NotAuthenticated("Authentication credentials were not provided.")
-    return user_of(hash_token(raw), config_cache.current())
+    hashed = hash_token(raw)
+    refuse_early(hashed, address)
+    return user_of(hashed, config_cache.current(), address=address)
 
 
 def _epoch_and_count(request: Request, hashed: str) -> str | None:

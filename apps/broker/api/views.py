@@ -102,12 +102,12 @@ def stored_once(
 ) -> Response:
     """201 with what `store` stored; with an Idempotency-Key, at most once per key (a retry
     answers the first answer, marked `Idempotent-Replayed: true`)."""
-    raw_key = request.headers.get(idempotency.HEADER)
-    if raw_key is None:
+    key = idempotency.key_of(_raw_headers(request))
+    if key is None:
         return Response(store(), status=status.HTTP_201_CREATED)
     answer = idempotency.answer_once(
         group=group,
-        key=idempotency.key_check(raw_key),
+        key=key,
         fingerprint=idempotency.fingerprint_of(
             method=request.method or "POST", path=request.path, data=request.data
         ),
@@ -275,6 +275,15 @@ class TokenDetailView(APIView):
 
 
 # Producers ---------------------------------------------------------------------------------
+
+
+def _raw_headers(request: Request) -> list[tuple[bytes, bytes]]:
+    """The request's headers as they came (under ASGI, repeated and underscore names kept), for
+    the one reading of Idempotency-Key that both doors share (services/idempotency.key_of)."""
+    scope = getattr(getattr(request, "_request", request), "scope", None)
+    if scope is not None:
+        return list(scope.get("headers", []))
+    return [(str(k).lower().encode(), str(v).encode()) for k, v in request.headers.items()]
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(

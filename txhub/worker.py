@@ -114,6 +114,15 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_deadline()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """uvicorn's graceful stop, per connection: the waiting receives of this process end now
+        with an empty answer (apps/broker/wakeups.py), so the stop does not wait out (or cut, at
+        gunicorn's graceful timeout) their wait_seconds."""
+        from apps.broker import wakeups
+
+        wakeups.hub().end_waits()
+        super().shutdown()
+
     def _arm_deadline(self) -> None:
         if self._deadline is None:  # the earliest start counts: connection, then first byte
             self._deadline = self.loop.call_later(self._read_seconds, self._too_slow)

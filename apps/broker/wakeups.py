@@ -129,6 +129,9 @@ class Hub:
         self.listening = False
         self.generation = 0
         self.checks = 0  # fallback checks done (tests and the bench read it through logs)
+        # The server is stopping: waits end now with what they have (nothing), so a graceful
+        # stop answers its waiting consumers instead of cutting them at the grace period.
+        self.closing = False
 
     # --- waiters (event loop) ------------------------------------------------------------------
 
@@ -216,6 +219,12 @@ class Hub:
                 on_revoked()
             except Exception:  # noqa: BLE001 - one holder's failure must not spare the others
                 logger.exception("ending the work of revoked token %s", token_id)
+
+    def end_waits(self) -> None:
+        """The process is stopping: every wait, and every one that starts from now on, ends at
+        once with nothing found (its client gets the answer of a wait that ran out)."""
+        self.closing = True
+        self.wake_all()
 
     def wake_all(self) -> None:
         """Every waiter tries again (the hub stops, or cannot listen)."""
@@ -390,7 +399,7 @@ async def wait(
             waiter.event.set()
         while True:
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or the_hub.closing:
                 return None
             # While the hub cannot listen (Postgres away, reconnecting), poll at the fallback
             # period on our own: a hub that never comes back must not turn waits into misses.
@@ -403,6 +412,8 @@ async def wait(
             waiter.event.clear()
             if waiter.revoked:
                 raise Revoked(f"Token {token_id} was revoked while its receive waited.")
+            if the_hub.closing:
+                return None
             result = await attempt()
             if found(result):
                 return result

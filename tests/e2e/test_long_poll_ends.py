@@ -1,6 +1,7 @@
 """How a long poll ends besides an answer, through a real server as `make run` starts it: a
 consumer that leaves while waiting takes nothing with it (a message stored afterwards goes to
-the next receive, first attempt)."""
+the next receive, first attempt), and a server told to stop answers its waiting consumers at
+once (an empty answer) instead of holding its stop for their wait_seconds."""
 
 import asyncio
 import json
@@ -111,3 +112,30 @@ def _unchanged_for(seconds: float) -> bool:
     before = hub_checks()[1]
     time.sleep(seconds)
     return bool(hub_checks()[1] == before)
+
+
+def test_a_stopping_server_answers_its_waiting_consumers(web: Any) -> None:
+    """SIGTERM, gunicorn's graceful stop (`make run`'s Ctrl-C, a deploy): five consumers wait
+    20 s each; each gets its 200 with no messages well before, and the server exits."""
+    port, headers, process = web
+
+    async def wait_then_stop() -> list[tuple[int, float]]:
+        opened = [await open_receive(port, headers, 20) for _ in range(5)]
+        await asyncio.to_thread(wait_until, lambda: hub_checks()[1], 20, 0.05)
+        stopped_at = time.monotonic()
+        process.send_signal(signal.SIGTERM)  # gunicorn's graceful stop, as `make run`'s Ctrl-C
+
+        async def answer_of(reader: Any) -> tuple[int, float]:
+            line = await reader.readline()
+            return (int(line.split()[1]) if line else 0), time.monotonic() - stopped_at
+
+        try:
+            return list(await asyncio.gather(*(answer_of(r) for r, _ in opened)))
+        finally:
+            for _, writer in opened:
+                writer.close()
+
+    answers = asyncio.run(wait_then_stop())
+    assert [status for status, _ in answers] == [200] * 5, answers
+    assert max(seconds for _, seconds in answers) < 10, answers  # not held to their 20 s
+    process.wait(timeout=30)

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 from django.conf import settings
 
+from apps.broker import wakeups
 from apps.broker.grpc import checks
 from apps.broker.grpc.protocol import rpc_grpc
 from apps.broker.grpc.servicer import MessagingService
@@ -73,4 +74,5 @@ async def serve(*, host: str, port: int) -> None:
     listener = asyncio.create_task(checks.listen(process=process))
     await stop.wait()
     listener.cancel()
+    wakeups.hub().end_waits()  # waiting ReceiveMessage calls answer now, within the grace
     await server.stop(grace=5)

@@ -92,14 +92,14 @@ def closed_by_the_server(sockets: list[socket.socket], timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while open_ones and time.monotonic() < deadline:
         for key, _ in watcher.select(0.5):
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
             try:
-                data = sock.recv(4096)
+                data = ready.recv(4096)
             except ConnectionResetError:
                 data = b""
             if not data or data.endswith(b"\r\n\r\n"):
-                watcher.unregister(sock)
+                watcher.unregister(ready)
                 open_ones -= 1
     watcher.close()
     for sock in sockets:

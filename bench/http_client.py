@@ -17,14 +17,16 @@ from urllib.parse import urlsplit
 
 
 class Client:
-    def __init__(self, base: str, token: str) -> None:
+    def __init__(self, base: str, token: str, headers: dict[str, str] | None = None) -> None:
+        """`headers`: sent with every request too (e.g. what a TLS proxy in front adds)."""
         parts = urlsplit(base)
         self.prefix = parts.path.rstrip("/") or "/api/v1"
         self.address = (parts.hostname or "127.0.0.1", parts.port or 80)
         host = f"{self.address[0]}:{self.address[1]}"
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         self.head = (
             f"Host: {host}\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\nAccept: application/json\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json\r\n{extra}"
         ).encode()
         self.sock: socket.socket | None = None
         self.buffer = b""

@@ -6,6 +6,10 @@ table below goes to both; their answers must agree: status, every header but the
 body (ids and times, which differ between two stores, compared by shape). The lean server's
 `txhub_lean_door_answers_total` shows which requests the lean door took: the plain ones, and
 none of the others.
+
+Every server test runs twice: with the local defaults, and with the README's production
+settings behind a TLS proxy (SSL redirect, HSTS, the proxy's `X-Forwarded-Proto`), where each
+request carries the header the proxy would set.
 """
 
 import http.client
@@ -26,9 +30,23 @@ from tests.conftest import ROOT, free_port, start_gunicorn
 PREFIX = "/api/v1"
 
 
+# The README's "Production" settings that change how a request is answered (decision 0027).
+PRODUCTION = {
+    "TXHUB_SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
+    "TXHUB_SECURE_COOKIES": "1",
+    "TXHUB_SSL_REDIRECT": "1",
+    "TXHUB_HSTS_SECONDS": "31536000",
+    "TXHUB_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "TXHUB_HSTS_PRELOAD": "1",
+}
+# What the TLS proxy in front adds to every request it forwards, by deployment.
+PROXY_HEADERS = {"local": {}, "production": {"X-Forwarded-Proto": "https"}}
+
+
 @dataclass(frozen=True)
 class Door:
     port: int
+    proxy: dict[str, str]  # the headers the deployment's proxy adds
 
     def call(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None
@@ -38,7 +56,7 @@ class Door:
         )
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            connection.request("POST", path, raw, headers or {})
+            connection.request("POST", path, raw, {**self.proxy, **(headers or {})})
             response = connection.getresponse()
             answer = response.read()
             got = {name.lower(): value for name, value in response.getheaders()}
@@ -58,27 +76,33 @@ class Door:
         )
 
 
-def _start(lean_door: bool) -> Iterator[Door]:
+def _start(lean_door: bool, deployment: str) -> Iterator[Door]:
     port = free_port()
-    name = "lean" if lean_door else "django"
+    name = f"{'lean' if lean_door else 'django'}-{deployment}"
+    env = {"TXHUB_LEAN_DOOR": "1" if lean_door else "0"}
+    if deployment == "production":
+        env.update(PRODUCTION)
     with open(ROOT / "var" / f"test-gunicorn-{name}.log", "w") as log:
         # One worker each: /metrics then reads the one process that answered.
-        process = start_gunicorn(
-            port, workers=1, log=log, extra_env={"TXHUB_LEAN_DOOR": "1" if lean_door else "0"}
-        )
-        yield Door(port)
+        process = start_gunicorn(port, workers=1, log=log, extra_env=env)
+        yield Door(port, PROXY_HEADERS[deployment])
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def lean_server(django_db_setup: None) -> Iterator[Door]:
-    yield from _start(True)
+@pytest.fixture(scope="module", params=["local", "production"])
+def deployment(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def django_server(django_db_setup: None) -> Iterator[Door]:
-    yield from _start(False)
+def lean_server(django_db_setup: None, deployment: str) -> Iterator[Door]:
+    yield from _start(True, deployment)
+
+
+@pytest.fixture(scope="module")
+def django_server(django_db_setup: None, deployment: str) -> Iterator[Door]:
+    yield from _start(False, deployment)
 
 
 @pytest.fixture
@@ -306,6 +330,37 @@ def test_plain_requests_are_answered_by_the_lean_door_exactly_as_by_django(
         assert not took, f"the lean door took {path} {headers}"
 
 
+def test_secure_answers_carry_hsts_and_plain_http_is_redirected_by_django(
+    world: dict[str, str], lean_server: Door, django_server: Door, deployment: str
+) -> None:
+    """Under the production settings the lean door takes what the proxy marked secure and adds
+    SecurityMiddleware's HSTS header; a request it did not mark secure is Django's redirect."""
+    path = f"{PREFIX}/topics/lean/messages"
+    message = {"producer_group": "lean-p", "body": "secure"}
+    (status, headers, _), took = both(
+        lean_server, django_server, path, message, headers_for(world["producer"])
+    )
+    assert (status, took) == (201, True)
+    if deployment == "local":
+        assert "strict-transport-security" not in headers
+        return
+    assert headers["strict-transport-security"] == "max-age=31536000; includeSubDomains; preload"
+    no_proxy = (Door(lean_server.port, {}), Door(django_server.port, {}))
+    for doors, extra, expected in (
+        ((lean_server, django_server), {"X-Forwarded-Proto": "http"}, 301),
+        (no_proxy, {}, 301),
+        # Django's META reads an underscore as a dash: secure for Django, so the lean door
+        # leaves it to Django rather than read the header differently.
+        (no_proxy, {"X_Forwarded_Proto": "https"}, 201),
+    ):
+        (status, headers, _), took = both(
+            *doors, path, message, headers_for(world["producer"], **extra)
+        )
+        assert (status, took) == (expected, False), extra
+        if expected == 301:
+            assert headers["location"] == f"https://127.0.0.1:{lean_server.port}{path}"
+
+
 def test_a_transaction_through_the_lean_door_matches_django_step_by_step(
     world: dict[str, str], lean_server: Door, django_server: Door
 ) -> None:
@@ -430,7 +485,9 @@ def test_the_bench_client_is_answered_by_the_lean_door(
     sys.path.insert(0, str(ROOT / "bench"))
     from http_client import Client
 
-    client = Client(f"http://127.0.0.1:{lean_server.port}{PREFIX}", world["admin"])
+    client = Client(
+        f"http://127.0.0.1:{lean_server.port}{PREFIX}", world["admin"], lean_server.proxy
+    )
     before = lean_server.lean_answers()
     half = client.post("/transactions", {"producer_group": "lean-p", "topic": "lean", "body": "b"})
     client.post(f"/transactions/{half['transaction_id']}/commit")
@@ -494,13 +551,53 @@ def test_the_lean_door_is_off_where_django_would_answer_otherwise(settings: Any)
     assert lean.enabled()
     for name, value in (
         ("DEBUG", True),
-        ("SECURE_SSL_REDIRECT", True),
-        ("SECURE_HSTS_SECONDS", 60),
-        ("SECURE_PROXY_SSL_HEADER", ("HTTP_X_FORWARDED_PROTO", "https")),
         ("USE_X_FORWARDED_HOST", True),
+        ("USE_X_FORWARDED_PORT", True),
         ("TXHUB_LEAN_DOOR", False),
     ):
         before = getattr(settings, name)
         setattr(settings, name, value)
         assert not lean.enabled(), name
         setattr(settings, name, before)
+
+
+def test_the_lean_door_serves_the_production_settings(settings: Any) -> None:
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_HSTS_SECONDS = 60
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    assert lean.enabled()
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"authorization", b"Bearer abc"),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"2"),
+    ]
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/transactions",
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "headers": headers,
+    }
+    forwarded = [*headers, (b"x-forwarded-proto", b"https")]
+    for secure in (
+        {"headers": forwarded},
+        {"headers": [*headers, (b"x-forwarded-proto", b"https, http")]},
+        {"scheme": "https"},
+    ):
+        call = lean.take({**scope, **secure}, b"{}")
+        assert call is not None, secure
+        assert call.secure, secure
+    for insecure in (
+        {},  # SecurityMiddleware redirects it
+        {"headers": [*headers, (b"x-forwarded-proto", b"http")]},
+        {"headers": [*headers, (b"x_forwarded_proto", b"https")]},
+        {"headers": [*forwarded, (b"x-forwarded-proto", b"https")]},
+    ):
+        assert lean.take({**scope, **insecure}, b"{}") is None, insecure
+    settings.SECURE_SSL_REDIRECT = False
+    call = lean.take(scope, b"{}")
+    assert call is not None
+    assert not call.secure

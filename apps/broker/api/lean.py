@@ -20,10 +20,15 @@ frame:
 Only a plain request comes in: POST to one of the routes, no query string, a Host Django allows,
 a bearer token, no cookie, a JSON object body of at most LARGE_BODY_BYTES with its
 Content-Length and `application/json` (or no body), an Accept that takes JSON, no repeated
-header. Everything else (and every request when a setting changes what the middleware would do:
-DEBUG, SSL redirect, HSTS, a proxy's headers) is answered by Django, as before: `take()` returns
-None, having done nothing. The decision is made before anything is
-counted or stored, so a request is answered by exactly one door.
+header. Everything else (and every request when DEBUG or a proxy's Host or port headers are
+trusted) is answered by Django, as before: `take()` returns None, having done nothing. The
+decision is made before anything is counted or stored, so a request is answered by exactly one
+door.
+
+The README's production settings are served here too (decision 0027), so what the benchmarks and
+the parity tests measure is production's path: a request is secure as Django's `is_secure()`
+reads it (the scheme, or `SECURE_PROXY_SSL_HEADER`); with `SECURE_SSL_REDIRECT` an insecure one is
+Django's (its redirect); a secure answer carries the HSTS header SecurityMiddleware would add.
 """
 
 import io
@@ -141,17 +146,15 @@ class Call:
     route: Route
     kwargs: dict[str, Any]
     request: LeanRequest
+    secure: bool = False  # as Django's request.is_secure() would read it
 
 
 def enabled() -> bool:
-    """Off when a setting makes Django's middleware answer differently than plain (redirects,
-    HSTS, hosts or schemes taken from a proxy's headers), or by TXHUB_LEAN_DOOR=0."""
+    """Off when a setting makes Django answer differently than the lean door can (DEBUG's
+    technical pages, a Host or port taken from a proxy's headers), or by TXHUB_LEAN_DOOR=0."""
     return bool(
         getattr(settings, "TXHUB_LEAN_DOOR", True)
         and not settings.DEBUG  # Django's technical pages, not the contract's JSON
-        and not settings.SECURE_SSL_REDIRECT
-        and not settings.SECURE_HSTS_SECONDS
-        and settings.SECURE_PROXY_SSL_HEADER is None
         and not settings.USE_X_FORWARDED_HOST
         and not settings.USE_X_FORWARDED_PORT
     )
@@ -162,7 +165,8 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
     nothing but the request (no I/O)."""
     if scope.get("method") != "POST" or scope.get("query_string") or scope.get("root_path"):
         return None
-    if scope.get("scheme", "http") != "http":
+    scheme = scope.get("scheme", "http")
+    if scheme not in ("http", "https"):
         return None
     path: str = scope.get("path", "")
     if not path.startswith("/api/v1/"):
@@ -176,11 +180,16 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
     headers: dict[str, str] = {}
     for raw_name, raw_value in scope.get("headers", ()):
         name = raw_name.decode("latin-1").lower()
-        if name in headers:
-            return None  # a repeated header: Django joins some, keeps others; let it decide
+        if name in headers or "_" in name:
+            # A repeated header: Django joins some, keeps others. An underscore: Django's META
+            # reads `x_forwarded_proto` as `x-forwarded-proto`. Either way, Django decides.
+            return None
         headers[name] = raw_value.decode("latin-1")
     if not _plain_headers(headers, len(body)):
         return None
+    secure = _is_secure(scheme, headers)
+    if settings.SECURE_SSL_REDIRECT and not secure:
+        return None  # SecurityMiddleware's redirect to https (no API path is exempt)
     data = _parsed(body)
     if data is None:
         return None
@@ -196,7 +205,19 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
         headers=CaseInsensitiveMapping(headers),
         data=data,
     )
-    return Call(route, route.convert(match.groupdict()), request)
+    return Call(route, route.convert(match.groupdict()), request, secure)
+
+
+def _is_secure(scheme: str, headers: dict[str, str]) -> bool:
+    """Django's HttpRequest.scheme: the proxy's header when it is configured and present (its
+    first comma-separated value), else the connection's own scheme."""
+    if settings.SECURE_PROXY_SSL_HEADER is not None:
+        meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        name = meta_name.removeprefix("HTTP_").lower().replace("_", "-")
+        value = headers.get(name) if meta_name.startswith("HTTP_") else None
+        if value is not None:
+            return value.split(",", 1)[0].strip() == secure_value
+    return scheme == "https"
 
 
 def _plain_headers(headers: dict[str, str], body_length: int) -> bool:
@@ -268,7 +289,7 @@ def answer(call: Call) -> Answer:
         rendered = _renderer.render(failure)
         metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
         # As handler500's answer: no Allow (DRF re-raised before finalize_response).
-        return Answer(500, rendered, _headers(None, [], rendered))
+        return Answer(500, rendered, _headers(None, [], rendered, call.secure))
     finally:
         connections.close_all()
     extra = [
@@ -276,7 +297,7 @@ def answer(call: Call) -> Answer:
         for name, value in response.items()
         if name.lower() != "content-type"
     ]
-    result = Answer(response.status_code, body, _headers(call.route, extra, body))
+    result = Answer(response.status_code, body, _headers(call.route, extra, body, call.secure))
     metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
     result.plan = long_poll.plan_of(response)
     return result
@@ -306,20 +327,27 @@ def _dispatch(view: APIView, request: LeanRequest, kwargs: dict[str, Any]) -> Re
 
 
 def _headers(
-    route: Route | None, extra: list[tuple[bytes, bytes]], body: bytes
+    route: Route | None, extra: list[tuple[bytes, bytes]], body: bytes, secure: bool
 ) -> list[tuple[bytes, bytes]]:
     return [
         (b"content-type", b"application/json"),
         *extra,
         *([(b"allow", route.allow)] if route is not None else []),
         (b"content-length", str(len(body)).encode()),
-        *middleware_headers(),
+        *middleware_headers(secure=secure),
     ]
 
 
-def middleware_headers() -> list[tuple[bytes, bytes]]:
-    """What SecurityMiddleware and XFrameOptionsMiddleware add to a plain-HTTP API answer."""
+def middleware_headers(*, secure: bool) -> list[tuple[bytes, bytes]]:
+    """What SecurityMiddleware and XFrameOptionsMiddleware add to an API answer."""
     headers = [(b"x-frame-options", getattr(settings, "X_FRAME_OPTIONS", "DENY").upper().encode())]
+    if secure and settings.SECURE_HSTS_SECONDS:
+        hsts = f"max-age={settings.SECURE_HSTS_SECONDS}"
+        if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+            hsts += "; includeSubDomains"
+        if settings.SECURE_HSTS_PRELOAD:
+            hsts += "; preload"
+        headers.append((b"strict-transport-security", hsts.encode()))
     if settings.SECURE_CONTENT_TYPE_NOSNIFF:
         headers.append((b"x-content-type-options", b"nosniff"))
     if settings.SECURE_REFERRER_POLICY:

@@ -6,12 +6,15 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rocketmq import ClientConfiguration, Credentials
+from rocketmq.v5.util.signature import Signature
 
 from apps.broker.services import credentials, registry
 from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
@@ -49,6 +52,15 @@ def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> 
         time.sleep(0.1)
     process.kill()
     raise RuntimeError("grpcserver did not start")
+
+
+def signed(server: "GrpcServer", token: Any) -> list[tuple[str, str]]:
+    """gRPC metadata signed with the token's RocketMQ credentials, as a client sends it."""
+    keys = credentials.of(token)
+    config = ClientConfiguration(
+        server.endpoint, Credentials(keys["access_key"], keys["secret_key"])
+    )
+    return list(Signature.metadata(config, f"client-{uuid.uuid4().hex[:8]}"))
 
 
 def stop(process: Any) -> None:

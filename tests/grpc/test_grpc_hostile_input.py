@@ -11,27 +11,17 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq import ClientConfiguration, Credentials
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
-from rocketmq.v5.util.signature import Signature
 
 from apps.broker.models import CommitLogEntry, HalfMessage
-from apps.broker.services import credentials, registry
-from tests.grpc.conftest import GrpcServer, Setup
+from apps.broker.services import registry
+from tests.grpc.conftest import GrpcServer, Setup, signed
 
 pytestmark = pytest.mark.e2e
 
 MiB = 1024 * 1024
-
-
-def signed(server: GrpcServer, token: Any) -> list[tuple[str, str]]:
-    keys = credentials.of(token)
-    config = ClientConfiguration(
-        server.endpoint, Credentials(keys["access_key"], keys["secret_key"])
-    )
-    return list(Signature.metadata(config, f"hostile-{uuid.uuid4().hex[:8]}"))
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from apps.broker.models import (
     Topic,
     new_msg_id,
 )
+from apps.broker.services.client_ids import stored_id_for
 from apps.broker.services.errors import Conflict
 
 
@@ -206,32 +207,38 @@ def message_send(
     """A normal send, visible at once or (delayed) at `deliver_at`. The 201 is sent only after
     this transaction committed.
 
-    `msg_id`: the producer's own message id (a RocketMQ client's); a retry with the same id
-    answers what the first send stored and stores nothing (see `message_by_client_id`)."""
+    `msg_id`: the producer's own message id (a RocketMQ client's), scoped to its producer group
+    (services/client_ids.py); a retry with the same id answers what the first send stored and
+    stores nothing (see `message_by_client_id`)."""
     if msg_id is None:
         [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
         return sent
-    for _ in range(2):
-        earlier = message_by_client_id(msg_id=msg_id, topic=topic, message=message)
+    for _ in range(3):
+        stored_id = stored_id_for(client_id=msg_id, producer_group=message.producer_group)
+        earlier = message_by_client_id(msg_id=stored_id, topic=topic, message=message)
         if earlier is not None:
             return earlier
         try:
             [sent] = message_send_batch(
-                topic=topic, messages=[(message, deliver_at)], msg_ids=[msg_id]
+                topic=topic, messages=[(message, deliver_at)], msg_ids=[stored_id]
             )
             return sent
         except IntegrityError:
-            continue  # a concurrent retry stored it first (unique msg_id): answer what it stored
+            # A concurrent retry stored it first (unique msg_id): answer what it stored; or
+            # another group took the id meanwhile: this group's message takes its scoped id.
+            continue
     raise Conflict(f"Message id {msg_id} is in use.")
 
 
 def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage) -> Sent | None:
     """The message a producer already stored under its own id, or None. The same id used for
-    another group's or topic's message, or by a transaction, is a conflict (never an answer
-    about someone else's message)."""
+    another of the group's topics, or by one of its transactions, is a conflict; another group's
+    message under it (a race with `stored_id_for`) is a conflict that says nothing about it."""
 
     def owned(row: CommitLogEntry | DelayedMessage) -> None:
-        if row.topic_id != topic.pk or row.producer_group != message.producer_group:
+        if row.producer_group != message.producer_group:
+            raise Conflict(f"Message id {msg_id} is in use.")
+        if row.topic_id != topic.pk:
             raise Conflict(f"Message id {msg_id} is in use by another message.")
         if row.transaction_id is not None:
             raise Conflict(f"Message id {msg_id} is in use by a transaction.")
@@ -244,8 +251,11 @@ def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage)
     if delayed is not None:
         owned(delayed)
         return Sent(msg_id, topic, delayed.queue_id, None, delayed.deliver_at)
-    if HalfMessage.objects.filter(msg_id=msg_id).exists():
+    half = HalfMessage.objects.filter(msg_id=msg_id)
+    if half.filter(producer_group__name=message.producer_group).exists():
         raise Conflict(f"Message id {msg_id} is in use by a transaction.")
+    if half.exists():
+        raise Conflict(f"Message id {msg_id} is in use.")
     return None
 
 

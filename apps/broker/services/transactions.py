@@ -31,6 +31,7 @@ from apps.broker.models import (
     TransactionState,
     new_msg_id,
 )
+from apps.broker.services.client_ids import stored_id_for
 from apps.broker.services.delivery import delayed_store
 from apps.broker.services.errors import BrokerError, Conflict, NotFound, TransactionResolved
 from apps.broker.services.sending import (
@@ -85,41 +86,52 @@ def transaction_prepare(
     """Stores the half message (invisible). A delay applies from the commit on: a level is kept
     as seconds to count from the commit, an instant as it is.
 
-    `msg_id`: the producer's own message id (a RocketMQ client's). A retry with the same id
-    answers the half message the first one stored and stores nothing."""
-    item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, msg_id)
+    `msg_id`: the producer's own message id (a RocketMQ client's), scoped to its producer group
+    (services/client_ids.py). A retry with the same id answers the half message the first one
+    stored and stores nothing."""
     if msg_id is None:
+        item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, None)
         [half] = transaction_prepare_batch(
             producer_group=producer_group, topic=topic, items=[item], actor=actor
         )
         return half
-    for _ in range(2):
-        earlier = _half_by_client_id(msg_id, producer_group, topic)
+    for _ in range(3):
+        stored_id = stored_id_for(client_id=msg_id, producer_group=producer_group.name)
+        earlier = _half_by_client_id(stored_id, producer_group, topic)
         if earlier is not None:
             return earlier
+        item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, stored_id)
         try:
             [half] = transaction_prepare_batch(
                 producer_group=producer_group, topic=topic, items=[item], actor=actor
             )
             return half
         except IntegrityError:
-            continue  # a concurrent retry stored it first (unique msg_id): answer what it stored
+            # A concurrent retry stored it first (unique msg_id): answer what it stored; or
+            # another group took the id meanwhile: this group's message takes its scoped id.
+            continue
     raise Conflict(f"Message id {msg_id} is in use.")
 
 
 def _half_by_client_id(
     msg_id: str, producer_group: ProducerGroup, topic: Topic
 ) -> HalfMessage | None:
+    """The group's half message stored under `msg_id`, or None. Another group's message under
+    it (a race with `stored_id_for`) is a conflict that says nothing about it."""
     half = HalfMessage.objects.filter(msg_id=msg_id).select_related("topic", "producer_group")
     earlier = half.first()
     if earlier is None:
-        if (
-            CommitLogEntry.objects.filter(msg_id=msg_id).exists()
-            or DelayedMessage.objects.filter(msg_id=msg_id).exists()
-        ):
-            raise Conflict(f"Message id {msg_id} is in use by another message.")
+        for model in (CommitLogEntry, DelayedMessage):
+            holder = model.objects.filter(msg_id=msg_id).values_list("producer_group", flat=True)
+            name = holder.first()
+            if name == producer_group.name:
+                raise Conflict(f"Message id {msg_id} is in use by another message.")
+            if name is not None:
+                raise Conflict(f"Message id {msg_id} is in use.")
         return None
-    if earlier.producer_group_id != producer_group.pk or earlier.topic_id != topic.pk:
+    if earlier.producer_group_id != producer_group.pk:
+        raise Conflict(f"Message id {msg_id} is in use.")
+    if earlier.topic_id != topic.pk:
         raise Conflict(f"Message id {msg_id} is in use by another message.")
     return earlier
 

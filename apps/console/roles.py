@@ -1,6 +1,9 @@
 """Console roles, as Django groups: viewers see everything; operators (and superusers) act."""
 
+from collections.abc import Callable
 from typing import Any
+
+from django.http import HttpRequest
 
 VIEWERS = "txhub-viewers"
 OPERATORS = "txhub-operators"
@@ -26,3 +29,9 @@ def can_act(user: Any) -> bool:
     if not user.is_authenticated:
         return False
     return bool(user.is_superuser or OPERATORS in _roles(user))
+
+
+def navigation(request: HttpRequest) -> dict[str, Callable[[], bool]]:
+    """Template context: `can_act_here`, asked (and read) only by a page that shows an operator's
+    link, such as the navigation's Audit."""
+    return {"can_act_here": lambda: can_act(request.user)}

@@ -12,6 +12,7 @@ from django.template.response import TemplateResponse
 
 from apps.broker.models import (
     ApiToken,
+    AuditRecord,
     CommitLogEntry,
     ConsumerGroup,
     DelayedMessage,
@@ -165,3 +166,10 @@ class ConsumerGroupAdmin(BoundTopicsAdmin):
 class ApiTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "prefix", "scopes", "created_at", "revoked_at")
     exclude = ("token_hash",)
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "actor_kind", "door", "address", "action", "target")
+    list_filter = ("action", "door", "actor_kind")
+    search_fields = ("=actor", "=target")

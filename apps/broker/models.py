@@ -453,3 +453,47 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.producer_group_id}:{self.key}"
+
+
+class AuditAction(models.TextChoices):
+    TOKEN_CREATE = "token_create"  # noqa: S105 - a name, not a secret
+    TOKEN_REVOKE = "token_revoke"  # noqa: S105 - a name, not a secret
+    CHECK_URL_CHANGE = "check_url_change", "Check URL change"
+    SECRET_ROTATE = "secret_rotate"  # noqa: S105 - a name, not a secret
+    TOPIC_BINDINGS_CHANGE = "topic_bindings_change"
+    DLQ_RESEND = "dlq_resend", "DLQ resend"
+
+
+class ActorKind(models.TextChoices):
+    TOKEN = "token"  # noqa: S105 - a name, not a secret
+    OPERATOR = "operator"  # a Django user: the console or the admin
+    CLI = "cli", "CLI"
+    SYSTEM = "system"  # a call from code with no door: services/audit.SYSTEM
+
+
+class Door(models.TextChoices):
+    REST = "rest", "REST"
+    CONSOLE = "console"
+    ADMIN = "admin"
+    CLI = "cli", "CLI"
+    SYSTEM = "system"
+
+
+class AuditRecord(models.Model):
+    """Append-only: who changed access or configuration, when, what and from where; written in
+    the same database transaction as the change (docs/decisions/0039). Never a token or secret."""
+
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150)  # a token's name or a Django user name
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    action = models.CharField(max_length=32, choices=AuditAction.choices)
+    target = models.CharField(max_length=127)  # a group's or a token's name
+    detail = models.JSONField(default=dict, blank=True)
+    address = models.CharField(max_length=64, blank=True)  # REMOTE_ADDR, or "cli"
+    door = models.CharField(max_length=16, choices=Door.choices)
+
+    class Meta:
+        indexes = [models.Index(fields=["-at"], name="audit_record_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target} by {self.actor}"

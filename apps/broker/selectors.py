@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.broker import config_cache, rows
 from apps.broker.models import (
+    AuditRecord,
     CommitLogEntry,
     ConsumerCursor,
     ConsumerGroup,
@@ -447,3 +448,8 @@ def reconciliation_get(*, run_id: int) -> ReconciliationRun:
 
 def reconciliation_latest() -> ReconciliationRun | None:
     return reconciliation_runs().annotate(findings_count=Count("findings")).first()
+
+
+def audit_records() -> QuerySet[AuditRecord]:
+    """Newest first (audit_record_at_idx), for a paginator."""
+    return AuditRecord.objects.order_by("-at", "-id")

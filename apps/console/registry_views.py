@@ -15,8 +15,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.broker import selectors
-from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
+from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Topic
 from apps.broker.services import checkback, clients, consuming, credentials, registry
+from apps.broker.services.audit import Origin, origin_of_request
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
     CheckUrlForm,
@@ -39,6 +40,11 @@ def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
         return view(request, *args, **kwargs)
 
     return wrapped
+
+
+def origin(request: HttpRequest) -> Origin:
+    """Who acts, for the audit record of the writes that keep one (docs/decisions/0039)."""
+    return origin_of_request(request, door=Door.CONSOLE)
 
 
 def _form_post(
@@ -130,7 +136,7 @@ def producer_group_create(request: HttpRequest) -> HttpResponse:
 @operator_required
 def producer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
     def write(data: dict[str, Any]) -> str:
-        registry.producer_group_update(name=name, **data)
+        registry.producer_group_update(name=name, **data, origin=origin(request))
         return f"Check URL of {name} changed."
 
     return _form_post(
@@ -156,7 +162,9 @@ def _bound_message(name: str, topics: list[str]) -> str:
 @operator_required
 def producer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
     def write(data: dict[str, Any]) -> str:
-        registry.producer_group_bind_topics(name=name, topics=data["topics"])
+        registry.producer_group_bind_topics(
+            name=name, topics=data["topics"], origin=origin(request)
+        )
         return _bound_message(name, data["topics"])
 
     return _form_post(
@@ -172,7 +180,7 @@ def producer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
 @operator_required
 def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
     try:
-        group = registry.producer_group_rotate_secret(name=name)
+        group = registry.producer_group_rotate_secret(name=name, origin=origin(request))
     except BrokerError as error:  # unknown group; Redis unreachable (nothing was rotated)
         messages.error(request, error.message)
         return redirect("console:producer-groups")
@@ -284,7 +292,9 @@ def consumer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
 @operator_required
 def consumer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
     def write(data: dict[str, Any]) -> str:
-        registry.consumer_group_bind_topics(name=name, topics=data["topics"])
+        registry.consumer_group_bind_topics(
+            name=name, topics=data["topics"], origin=origin(request)
+        )
         return _bound_message(name, data["topics"])
 
     return _form_post(
@@ -301,7 +311,7 @@ def consumer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
 def dlq_resend(request: HttpRequest, name: str, msg_id: str) -> HttpResponse:
     group = selectors.consumer_group_get(name=name)
     try:
-        consuming.dlq_resend(group=group, msg_id=msg_id)
+        consuming.dlq_resend(group=group, msg_id=msg_id, origin=origin(request))
         messages.success(request, f"{msg_id} is back in {name}'s queue, with fresh attempts.")
     except BrokerError as error:
         messages.warning(request, f"Nothing done: {error.message}")
@@ -328,7 +338,7 @@ def token_list(request: HttpRequest) -> HttpResponse:
 @operator_required
 def token_create(request: HttpRequest) -> HttpResponse:
     def write(data: dict[str, Any]) -> str:
-        token, raw = registry.token_create(**data)
+        token, raw = registry.token_create(**data, origin=origin(request))
         messages.info(request, f"Token {token.name}: {raw}")
         keys = credentials.of(token)
         messages.info(
@@ -347,7 +357,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
 @operator_required
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     try:
-        registry.token_revoke(token_id=token_id)
+        registry.token_revoke(token_id=token_id, origin=origin(request))
     except BrokerError as error:  # unknown token; Redis unreachable (nothing was revoked)
         messages.error(request, error.message)
     else:

@@ -13,6 +13,7 @@ urlpatterns = [
     path("transactions/", views.transaction_list, name="transactions"),
     path("transactions/bulk/", views.transaction_bulk_action, name="transactions-bulk"),
     path("delayed/", views.delayed_list, name="delayed"),
+    path("audit/", views.audit_list, name="audit"),
     path("reconciliations/", views.reconciliation_list, name="reconciliations"),
     path("reconciliations/<rowid:run_id>/", views.reconciliation_detail, name="reconciliation"),
     path("topics/", setup.topic_list, name="topics"),

@@ -194,6 +194,26 @@ def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
 
 
 @viewer_required
+def audit_list(request: HttpRequest) -> HttpResponse:
+    """Who changed tokens, check URLs, secrets, bindings and dead letters (decision 0039): for
+    operators only, like the changes themselves."""
+    if not can_act(request.user):
+        raise PermissionDenied("Only txhub operators can read the audit record.")
+    page = Paginator(selectors.audit_records(), 50).get_page(request.GET.get("page"))
+    records = [
+        {"record": record, "detail": [(k, _shown(v)) for k, v in record.detail.items()]}
+        for record in page
+    ]
+    return render(request, "console/audit.html", {"page": page, "records": records})
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(item) for item in value) or "none"
+    return str(value) if value != "" else "none"
+
+
+@viewer_required
 def reconciliation_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(
         selectors.reconciliation_runs().annotate(findings_count=Count("findings")), 30

@@ -22,7 +22,7 @@ from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
 from apps.broker.api.parsers import content_length
-from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Resolver, Topic
+from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Resolver, Topic
 from apps.broker.services import (
     consuming,
     credentials,
@@ -32,6 +32,7 @@ from apps.broker.services import (
     sending,
     transactions,
 )
+from apps.broker.services.audit import Origin, origin_of_request
 from apps.broker.services.transactions import Actor
 
 ERRORS = {
@@ -91,6 +92,11 @@ def epoch(request: Request) -> str | None:
 
 def producer_actor(request: Request) -> Actor:
     return Actor(Resolver.PRODUCER, token_user(request).name)
+
+
+def origin(request: Request) -> Origin:
+    """Who calls, for the audit record of the writes that keep one (docs/decisions/0039)."""
+    return origin_of_request(request, door=Door.REST)
 
 
 def stored_once(
@@ -189,7 +195,9 @@ class ProducerGroupDetailView(APIView):
     def patch(self, request: Request, name: str) -> Response:
         require_admin(request)
         data = validated(inputs.ProducerGroupPatchIn, request.data)
-        group = registry.producer_group_update(name=name, check_url=data["check_url"])
+        group = registry.producer_group_update(
+            name=name, check_url=data["check_url"], origin=origin(request)
+        )
         return Response(output.ProducerGroupOut(group).data)
 
 
@@ -197,7 +205,7 @@ class ProducerGroupRotateSecretView(APIView):
     @extend_schema(request=None, responses={200: output.ProducerGroupSecretOut})
     def post(self, request: Request, name: str) -> Response:
         require_admin(request)
-        group = registry.producer_group_rotate_secret(name=name)
+        group = registry.producer_group_rotate_secret(name=name, origin=origin(request))
         return Response(output.ProducerGroupSecretOut(group).data)
 
 
@@ -209,7 +217,9 @@ class ProducerGroupTopicsView(APIView):
         """Binds the group to these topics only (replacing its bindings); [] = any topic."""
         require_admin(request)
         data = validated(inputs.TopicBindingsIn, request.data)
-        group = registry.producer_group_bind_topics(name=name, topics=data["topics"])
+        group = registry.producer_group_bind_topics(
+            name=name, topics=data["topics"], origin=origin(request)
+        )
         return Response(output.ProducerGroupOut(group).data)
 
 
@@ -221,7 +231,9 @@ class ConsumerGroupTopicsView(APIView):
         """Binds the group to these topics only (replacing its bindings); [] = any topic."""
         require_admin(request)
         data = validated(inputs.TopicBindingsIn, request.data)
-        group_row = registry.consumer_group_bind_topics(name=group, topics=data["topics"])
+        group_row = registry.consumer_group_bind_topics(
+            name=group, topics=data["topics"], origin=origin(request)
+        )
         return Response(output.ConsumerGroupOut(group_row).data)
 
 
@@ -250,7 +262,9 @@ class TokenListView(APIView):
     def post(self, request: Request) -> Response:
         require_admin(request)
         data = validated(inputs.TokenIn, request.data)
-        token, raw = registry.token_create(name=data["name"], scopes=data["scopes"])
+        token, raw = registry.token_create(
+            name=data["name"], scopes=data["scopes"], origin=origin(request)
+        )
         body = {
             "id": token.pk,
             "name": token.name,
@@ -270,7 +284,7 @@ class TokenDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, token_id: int) -> Response:
         require_admin(request)
-        registry.token_revoke(token_id=token_id)
+        registry.token_revoke(token_id=token_id, origin=origin(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -558,7 +572,9 @@ class DlqListView(APIView):
 class DlqResendView(APIView):
     @extend_schema(request=None, responses={200: output.DeliveryOut})
     def post(self, request: Request, group: str, msg_id: str) -> Response:
-        delivery = consuming.dlq_resend(group=consumer_group(request, group), msg_id=msg_id)
+        delivery = consuming.dlq_resend(
+            group=consumer_group(request, group), msg_id=msg_id, origin=origin(request)
+        )
         return Response(output.DeliveryOut(delivery).data)
 
 

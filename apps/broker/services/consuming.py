@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from apps.broker import failpoints, rows
 from apps.broker.models import (
+    AuditAction,
     CommitLogEntry,
     ConsumeFrom,
     ConsumerCursor,
@@ -25,6 +26,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services import scans
+from apps.broker.services.audit import SYSTEM, Origin, audit_record
 from apps.broker.services.errors import NotFound, invalid
 from apps.broker.services.sending import notify_receivable
 
@@ -566,7 +568,7 @@ def message_dead_letter(
 
 
 @transaction.atomic
-def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
+def dlq_resend(*, group: ConsumerGroup, msg_id: str, origin: Origin = SYSTEM) -> Delivery:
     """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
     now = timezone.now()
     updated = Delivery.objects.filter(
@@ -581,6 +583,9 @@ def dlq_resend(*, group: ConsumerGroup, msg_id: str) -> Delivery:
     if not updated:
         raise NotFound(f"Message {msg_id} is not in the dead-letter queue of {group.name}.")
     delivery = Delivery.objects.get(group=group, message__msg_id=msg_id)
+    audit_record(
+        action=AuditAction.DLQ_RESEND, origin=origin, target=group.name, detail={"msg_id": msg_id}
+    )
     # Receivable now: a consumer of the group waiting on the topic is woken at our commit.
     notify_receivable(topic_id=delivery.topic_id, what=f"resend {msg_id}")
     return delivery

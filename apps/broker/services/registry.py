@@ -11,11 +11,13 @@ from django.utils import timezone
 from apps.broker import config_cache
 from apps.broker.models import (
     ApiToken,
+    AuditAction,
     ConsumerGroup,
     MessageQueue,
     ProducerGroup,
     Topic,
 )
+from apps.broker.services.audit import SYSTEM, Origin, audit_record, url_shown
 from apps.broker.services.checkback import callback_url_check, new_signing_secret
 from apps.broker.services.credentials import new_access_key
 from apps.broker.services.errors import Conflict, NotFound, invalid
@@ -56,20 +58,31 @@ def producer_group_create(*, name: str, check_url: str = "") -> ProducerGroup:
 
 
 @transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
-def producer_group_update(*, name: str, check_url: str) -> ProducerGroup:
+def producer_group_update(*, name: str, check_url: str, origin: Origin = SYSTEM) -> ProducerGroup:
     if check_url:
         callback_url_check(check_url)
-    updated = ProducerGroup.objects.filter(name=name).update(
+    # Lock: the audit record's old URL is the one this change replaced, not one a concurrent
+    # change replaced meanwhile.
+    old = ProducerGroup.objects.select_for_update().filter(name=name).values("pk", "check_url")
+    row = old.first()
+    if row is None:
+        raise NotFound(f"Producer group {name!r} does not exist.")
+    ProducerGroup.objects.filter(pk=row["pk"]).update(
         check_url=check_url, updated_at=timezone.now()
     )
-    if not updated:
-        raise NotFound(f"Producer group {name!r} does not exist.")
+    if row["check_url"] != check_url:  # the same URL again records nothing (decision 0039)
+        audit_record(
+            action=AuditAction.CHECK_URL_CHANGE,
+            origin=origin,
+            target=name,
+            detail={"old": url_shown(row["check_url"]), "new": url_shown(check_url)},
+        )
     config_cache.changed()  # an UPDATE sends no signal
-    return ProducerGroup.objects.get(name=name)
+    return ProducerGroup.objects.get(pk=row["pk"])
 
 
 @transaction.atomic
-def producer_group_rotate_secret(*, name: str) -> ProducerGroup:
+def producer_group_rotate_secret(*, name: str, origin: Origin = SYSTEM) -> ProducerGroup:
     # Lock: two rotations at once would both keep the same "previous" secret and lose one.
     group = ProducerGroup.objects.select_for_update().filter(name=name).first()
     if group is None:
@@ -85,6 +98,8 @@ def producer_group_rotate_secret(*, name: str) -> ProducerGroup:
             "secret_rotated_at",
         ]
     )
+    # Neither secret is recorded: only that it was rotated, by whom (docs/decisions/0039).
+    audit_record(action=AuditAction.SECRET_ROTATE, origin=origin, target=name, detail={})
     return group
 
 
@@ -119,7 +134,9 @@ MISSING_SHOWN = 10
 Group = TypeVar("Group", ProducerGroup, ConsumerGroup)
 
 
-def _bind_topics(model: type[Group], *, name: str, topics: Collection[str]) -> Group:
+def _bind_topics(
+    model: type[Group], *, name: str, topics: Collection[str], origin: Origin
+) -> Group:
     """Replaces a group's topic bindings with `topics` (empty: unbound, any topic), or, if a
     group or topic does not exist, changes nothing."""
     what = "Producer" if model is ProducerGroup else "Consumer"
@@ -138,23 +155,36 @@ def _bind_topics(model: type[Group], *, name: str, topics: Collection[str]) -> G
             f"Topic {missing[0]!r} does not exist: nothing was bound.",
             topics=missing[:MISSING_SHOWN],
         )
+    before = sorted(group.topics.values_list("name", flat=True))
     group.topics.set(found)
+    if before != sorted(wanted):  # the same topics again record nothing (decision 0039)
+        audit_record(
+            action=AuditAction.TOPIC_BINDINGS_CHANGE,
+            origin=origin,
+            target=name,
+            detail={"group": what.lower(), "old": before, "new": sorted(wanted)},
+        )
     return group
 
 
 @transaction.atomic
-def producer_group_bind_topics(*, name: str, topics: Collection[str]) -> ProducerGroup:
+def producer_group_bind_topics(
+    *, name: str, topics: Collection[str], origin: Origin = SYSTEM
+) -> ProducerGroup:
     """The topics the group may send and prepare to (docs/decisions/0010)."""
-    return _bind_topics(ProducerGroup, name=name, topics=topics)
+    return _bind_topics(ProducerGroup, name=name, topics=topics, origin=origin)
 
 
 @transaction.atomic
-def consumer_group_bind_topics(*, name: str, topics: Collection[str]) -> ConsumerGroup:
+def consumer_group_bind_topics(
+    *, name: str, topics: Collection[str], origin: Origin = SYSTEM
+) -> ConsumerGroup:
     """The topics the group may receive from (docs/decisions/0010)."""
-    return _bind_topics(ConsumerGroup, name=name, topics=topics)
+    return _bind_topics(ConsumerGroup, name=name, topics=topics, origin=origin)
 
 
-def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
+@transaction.atomic  # the token and its audit record are stored together or not at all
+def token_create(*, name: str, scopes: list[str], origin: Origin = SYSTEM) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
@@ -164,16 +194,31 @@ def token_create(*, name: str, scopes: list[str]) -> tuple[ApiToken, str]:
         scopes=sorted(set(scopes)),
         access_key=new_access_key(),
     )
+    # The id and scopes only: not the raw token, its hash or prefix (docs/decisions/0039).
+    audit_record(
+        action=AuditAction.TOKEN_CREATE,
+        origin=origin,
+        target=name,
+        detail={"token_id": token.pk, "scopes": token.scopes},
+    )
     return token, raw
 
 
 @transaction.atomic  # a revocation the web processes cannot be told of is rolled back (503)
-def token_revoke(*, token_id: int) -> None:
+def token_revoke(*, token_id: int, origin: Origin = SYSTEM) -> None:
     revoked = ApiToken.objects.filter(id=token_id, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
     )
-    if not revoked and not ApiToken.objects.filter(id=token_id).exists():
+    name = ApiToken.objects.filter(id=token_id).values_list("name", flat=True).first()
+    if name is None:
         raise NotFound(f"Token {token_id} does not exist.")
+    if revoked:  # revoking a revoked token records nothing (decision 0039)
+        audit_record(
+            action=AuditAction.TOKEN_REVOKE,
+            origin=origin,
+            target=name,
+            detail={"token_id": token_id},
+        )
     # An UPDATE sends no signal. The web processes' cached tokens are stale from here on: a
     # revoked token fails at once (docs/decisions/0026); if they cannot be told, 503 and the
     # revocation is rolled back.

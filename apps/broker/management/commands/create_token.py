@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps.broker import limits
 from apps.broker.services import credentials, registry
+from apps.broker.services.audit import origin_of_cli
 
 
 class Command(BaseCommand):
@@ -29,7 +30,9 @@ class Command(BaseCommand):
             scopes = [limits.check_scope(scope) for scope in options["scope"]]
         except limits.LimitError as error:
             raise CommandError(str(error)) from None
-        token, raw = registry.token_create(name=options["name"], scopes=scopes)
+        token, raw = registry.token_create(
+            name=options["name"], scopes=scopes, origin=origin_of_cli()
+        )
         keys = credentials.of(token)
         if options["json"]:
             self.stdout.write(json.dumps({"id": token.pk, "token": raw, **keys}))

@@ -182,7 +182,8 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
         name = raw_name.decode("latin-1").lower()
         if name in headers or "_" in name:
             # A repeated header: Django joins some, keeps others. An underscore: Django's META
-            # reads `x_forwarded_proto` as `x-forwarded-proto`. Either way, Django decides.
+            # drops the header (it could pass for its dashed twin, `x_forwarded_proto`). Either
+            # way, Django decides, so the two doors never read a request differently.
             return None
         headers[name] = raw_value.decode("latin-1")
     if not _plain_headers(headers, len(body)):

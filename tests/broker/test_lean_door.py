@@ -16,6 +16,8 @@ import http.client
 import json
 import re
 import signal
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +27,8 @@ import pytest
 
 from apps.broker.api import lean
 from apps.broker.services import registry
-from tests.conftest import ROOT, free_port, start_gunicorn
+from tests.conftest import ROOT, db_url_for_tests, free_port, start_gunicorn
+from tests.support.listening import database_now, hub_listening
 
 PREFIX = "/api/v1"
 
@@ -79,7 +82,13 @@ class Door:
 def _start(lean_door: bool, deployment: str) -> Iterator[Door]:
     port = free_port()
     name = f"{'lean' if lean_door else 'django'}-{deployment}"
-    env = {"TXHUB_LEAN_DOOR": "1" if lean_door else "0"}
+    env = {
+        "TXHUB_LEAN_DOOR": "1" if lean_door else "0",
+        # Named, so the wake-up test can see its LISTEN connection wait; and no fallback check
+        # within a test's time, so a woken receive was woken by the NOTIFY.
+        "DATABASE_URL": f"{db_url_for_tests()}?application_name=lean-test-{name}",
+        "TXHUB_LONG_POLL_FALLBACK": "60",
+    }
     if deployment == "production":
         env.update(PRODUCTION)
     with open(ROOT / "var" / f"test-gunicorn-{name}.log", "w") as log:
@@ -139,6 +148,11 @@ _VARYING = re.compile(
 )
 
 
+# The only numbers that differ between the two doors' answers: both store in one database, so
+# the second door's message takes the next offset, and a queue follows the message id's hash.
+_PLACED = frozenset({"queue_id", "queue_offset"})
+
+
 def shape(body: bytes) -> Any:
     """The answer with what differs between two stores (ids, times) blanked."""
     if not body:
@@ -148,18 +162,29 @@ def shape(body: bytes) -> Any:
     except ValueError:
         return body  # Django's own pages (a refused Host): compared as they are
 
-    def blank(value: Any) -> Any:
+    def blank(value: Any, key: str = "") -> Any:
         if isinstance(value, dict):
-            return {key: blank(item) for key, item in value.items()}
+            return {name: blank(item, name) for name, item in value.items()}
         if isinstance(value, list):
-            return [blank(item) for item in value]
+            return [blank(item, key) for item in value]
         if isinstance(value, str):
             return _VARYING.sub("<id>", value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return "<int>"  # offsets, queue ids, counts of two different stores
-        return value
+        if key in _PLACED and isinstance(value, int) and not isinstance(value, bool):
+            return "<int>"  # where a message went: a queue by its id's hash, the next offset
+        return value  # every other number (counts, attempts, states' numbers) must agree
 
     return blank(data)
+
+
+def test_shape_blanks_only_where_a_message_went() -> None:
+    body = b'{"queue_id": 1, "queue_offset": 7, "delivery_attempt": 2, "acked": [3]}'
+    assert shape(body) == {
+        "queue_id": "<int>",
+        "queue_offset": "<int>",
+        "delivery_attempt": 2,
+        "acked": [3],
+    }
+    assert shape(b'{"delivery_attempt": 1}') != shape(b'{"delivery_attempt": 2}')
 
 
 def comparable(status: int, headers: dict[str, str], body: bytes) -> tuple[Any, ...]:
@@ -434,10 +459,8 @@ def test_a_transaction_through_the_lean_door_matches_django_step_by_step(
 
 
 def test_a_waiting_receive_through_the_lean_door_is_woken_by_a_send(
-    world: dict[str, str], lean_server: Door
+    world: dict[str, str], lean_server: Door, deployment: str
 ) -> None:
-    import threading
-
     result: list[Any] = []
     failures: list[BaseException] = []
 
@@ -446,7 +469,7 @@ def test_a_waiting_receive_through_the_lean_door_is_woken_by_a_send(
             result.append(
                 lean_server.call(
                     f"{PREFIX}/consumer-groups/lean-c/receive",
-                    {"topic": "lean", "wait_seconds": 10},
+                    {"topic": "lean", "wait_seconds": 20},
                     headers_for(world["consumer"]),
                 )
             )
@@ -454,20 +477,26 @@ def test_a_waiting_receive_through_the_lean_door_is_woken_by_a_send(
             failures.append(error)
 
     before = lean_server.lean_answers()
+    since = database_now()
     waiter = threading.Thread(target=wait)
     waiter.start()
-    import time
-
-    time.sleep(1)
+    # The receive's first try found nothing and it waits: the server's LISTEN connection ran
+    # its catch-up check for the registered waiter and idles (the fallback check is 60 s away).
+    hub_listening(f"lean-test-lean-{deployment}-wakeups", since=since)
+    assert not result
+    sent_at = time.monotonic()
     sent = lean_server.call(
         f"{PREFIX}/topics/lean/messages",
         {"producer_group": "lean-p", "body": "wake"},
         headers_for(world["producer"]),
     )
     assert sent[0] == 201
-    waiter.join(timeout=15)
+    waiter.join(timeout=25)
+    woken_after = time.monotonic() - sent_at
     assert not waiter.is_alive()
     assert not failures, failures
+    # Woken by the NOTIFY: long before the wait's 20 s or the 60 s fallback check.
+    assert woken_after < 10, woken_after
     status, headers, body = result[0]
     assert status == 200
     assert headers["content-length"] == str(len(body))

@@ -27,9 +27,8 @@ from django.utils import timezone
 
 from apps.broker.models import CommitLogEntry, Topic
 from apps.broker.services import registry, sending
-from apps.broker.wakeups import RECEIVABLE_SQL
 from tests.conftest import db_url_for_tests, free_port, start_gunicorn
-from tests.e2e.conftest import wait_until
+from tests.support.listening import hub_listening, listening_hubs
 
 pytestmark = pytest.mark.e2e
 
@@ -207,29 +206,9 @@ def wait_in_thread(port: int, headers: dict[str, str], seconds: int) -> tuple[li
     return got, thread
 
 
-def listening_hubs() -> set[int]:
-    """The server's LISTEN connections that have run their catch-up check and idle, reading
-    notifications: the check runs only for registered waiters (apps/broker/wakeups.py), so a
-    waiter is waiting, and anything stored from now on reaches it by a NOTIFY or the fallback
-    check, never by a try it was still about to make."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-            "AND datname = current_database() AND state = 'idle' AND btrim(query, E' \\n') LIKE %s",
-            [LISTEN_APP, RECEIVABLE_SQL.strip()[:40] + "%"],
-        )
-        return {int(pid) for (pid,) in cursor.fetchall()}
-
-
-def hub_listening(besides: frozenset[int] = frozenset()) -> set[int]:
-    hubs = wait_until(lambda: listening_hubs() - besides, timeout=20, interval=0.05)
-    assert hubs, "no LISTEN connection of the server came to wait for notifications"
-    return set(hubs)
-
-
 def waiting_now(port: int, headers: dict[str, str], seconds: int) -> tuple[list[Any], Any]:
     got, thread = wait_in_thread(port, headers, seconds)
-    hub_listening()  # the waiter is registered and its process listens: it waits
+    hub_listening(LISTEN_APP)  # the waiter is registered and its process listens: it waits
     assert not got
     return got, thread
 
@@ -258,7 +237,7 @@ def test_a_commit_by_another_process_wakes_a_waiting_consumer(web_no_fallback: A
 def test_a_killed_listen_connection_reconnects_and_wakes_again(web_no_fallback: Any) -> None:
     port, headers = web_no_fallback
     got, thread = waiting_now(port, headers, 20)
-    before = listening_hubs()
+    before = listening_hubs(LISTEN_APP)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -267,7 +246,7 @@ def test_a_killed_listen_connection_reconnects_and_wakes_again(web_no_fallback: 
         )
         killed = cursor.fetchone()[0]
     assert killed >= 1
-    hub_listening(besides=frozenset(before))  # reconnected, and its catch-up check ran
+    hub_listening(LISTEN_APP, besides=frozenset(before))  # reconnected, and its catch-up check ran
     started = time.monotonic()
     sending.message_send(
         topic=Topic.objects.get(name="idle"),

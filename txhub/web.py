@@ -87,6 +87,14 @@ class TxhubASGIHandler(ASGIHandler):
             raise ValueError(f"txhub serves HTTP only, not {scope['type']}")
         await self.handle(scope, receive, send)
 
+    async def send_response(self, response: Any, send: Any) -> None:
+        """Django's, with a Content-Length on every whole answer: the answers made on the event
+        loop (early refusals, a woken long poll's) run no middleware that would set it, and
+        without it uvicorn sends the body chunked, unlike every other answer."""
+        if not response.streaming and not response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        await super().send_response(response, send)
+
     async def in_thread(self, function: Any) -> Any:
         return await sync_to_async(function, thread_sensitive=False, executor=self.executor)()
 

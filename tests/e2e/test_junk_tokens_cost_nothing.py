@@ -25,6 +25,8 @@ def test_junk_tokens_are_refused_without_lookups_and_throttled_per_address(
 
     def get(token: str) -> int:
         answer = requests.get(topics, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        # Refused on the event loop or not, an answer says its length (never chunked).
+        assert answer.headers.get("Content-Length") == str(len(answer.content)), answer.headers
         return int(answer.status_code)
 
     def junk() -> str:
@@ -49,6 +51,7 @@ def test_junk_tokens_are_refused_without_lookups_and_throttled_per_address(
             assert throttled.status_code == 429  # before any lookup: not 503
             assert throttled.json()["error"]["code"] == "throttled"
             assert int(throttled.headers["Retry-After"]) >= 1
+            assert throttled.headers["Content-Length"] == str(len(throttled.content))
         finally:
             cluster.pg_start()
         assert get(good) == 200  # the good token from the same address is served

@@ -79,10 +79,11 @@ class Door:
         )
 
 
-def _start(lean_door: bool, deployment: str) -> Iterator[Door]:
+def _start(lean_door: bool, deployment: str, **extra: str) -> Iterator[Door]:
     port = free_port()
     name = f"{'lean' if lean_door else 'django'}-{deployment}"
     env = {
+        **extra,
         "TXHUB_LEAN_DOOR": "1" if lean_door else "0",
         # Named, so the wake-up test can see its LISTEN connection wait; and no fallback check
         # within a test's time, so a woken receive was woken by the NOTIFY.
@@ -94,7 +95,7 @@ def _start(lean_door: bool, deployment: str) -> Iterator[Door]:
     with open(ROOT / "var" / f"test-gunicorn-{name}.log", "w") as log:
         # One worker each: /metrics then reads the one process that answered.
         process = start_gunicorn(port, workers=1, log=log, extra_env=env)
-        yield Door(port, PROXY_HEADERS[deployment])
+        yield Door(port, PROXY_HEADERS.get(deployment, {}))
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
 
@@ -502,6 +503,34 @@ def test_a_waiting_receive_through_the_lean_door_is_woken_by_a_send(
     assert headers["content-length"] == str(len(body))
     assert [m["body"] for m in json.loads(body)["messages"]] == ["wake"]
     assert lean_server.lean_answers() >= before + 2
+
+
+@pytest.fixture
+def failing_servers(django_db_setup: None) -> Iterator[tuple[Door, Door]]:
+    """Both doors with a send that fails after its commit (the `raise` failpoint): a bug."""
+    armed = {"TXHUB_FAILPOINTS": "after_send_before_answer=raise", "TXHUB_ALLOW_FAILPOINTS": "1"}
+    lean_servers = _start(True, "failing", **armed)
+    django_servers = _start(False, "failing", **armed)
+    yield next(lean_servers), next(django_servers)
+    for servers in (lean_servers, django_servers):
+        next(servers, None)
+
+
+def test_a_bug_is_a_500_in_the_contracts_format_at_both_doors(
+    world: dict[str, str], failing_servers: tuple[Door, Door]
+) -> None:
+    lean_server, django_server = failing_servers
+    (status, headers, body), took = both(
+        lean_server,
+        django_server,
+        f"{PREFIX}/topics/lean/messages",
+        {"producer_group": "lean-p", "body": "boom"},
+        headers_for(world["producer"]),
+    )
+    assert (status, took) == (500, True)
+    assert headers["content-type"] == "application/json"
+    assert body["error"]["code"] == "internal_error"
+    assert "Traceback" not in json.dumps(body)
 
 
 def test_the_bench_client_is_answered_by_the_lean_door(

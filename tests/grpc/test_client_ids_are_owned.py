@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
-from apps.broker.services import checkback
+from apps.broker.services import checkback, clients
 from tests.conftest import ROOT
 from tests.e2e.conftest import TEST_BROKER_URL, wait_until
 from tests.grpc.conftest import GrpcServer, Setup
@@ -213,3 +213,29 @@ def test_a_check_is_not_sent_on_a_stream_whose_token_lost_the_producer_scope(
     assert checkback.checkback_run(half_id=after.pk) == "unknown"  # handed to the process
     assert wait_until(lambda: log.read_text().count(REFUSED_LINE) > refusals, timeout=WAIT)
     assert stream.incoming.empty(), stream.incoming.get()
+
+
+def test_a_producer_that_says_goodbye_is_no_longer_asked_to_check(
+    grpc_server: GrpcServer,
+    rocketmq_setup: Any,
+    stub: MessagingServiceStub,
+    streams: list[Telemetry],
+) -> None:
+    producer = rocketmq_setup("-leaving")
+    client_id = "leaving-host@77@0@producer"
+    meta = signed(grpc_server, producer, client_id)
+    stream = Telemetry(stub, meta)
+    streams.append(stream)
+    assert stream.settings(producer.topic).status.code == pb.Code.OK
+
+    def asked() -> list[str]:
+        found = clients.producers_with_stream(group=producer.producer, topic=producer.topic)
+        return [client.client_id for client in found]
+
+    # The positive control: with its stream open, it is the producer a check-back would ask.
+    assert wait_until(asked, timeout=WAIT, interval=0.1) == [client_id]
+    goodbye = stub.NotifyClientTermination(rpc.NotifyClientTerminationRequest(), metadata=meta)
+    assert goodbye.status.code == pb.Code.OK
+    assert asked() == []
+    row = GrpcClient.objects.get(client_id=client_id)
+    assert (row.token_id, row.stream_process) == (producer.token_id, "")

@@ -1,0 +1,119 @@
+"""A check-back answered over a producer's Telemetry stream (services/checkback_stream.py,
+decision 0034): only a producer of the transaction's group may answer it, an answer after the
+transaction was resolved is recorded and not applied, and when the process holding the
+producer's stream is gone the check goes to the group's check URL."""
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.utils import timezone
+
+from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
+from apps.broker.services.checkback import CheckResult
+from apps.broker.services.errors import NotFound
+from apps.broker.services.sending import OutgoingMessage
+from apps.broker.services.transactions import Actor
+
+CLIENT = "shop-host@101@0@producer"
+PRODUCER = Actor(Resolver.PRODUCER, "rocketmq")
+
+
+def prepared(check_url: str = "http://127.0.0.1:9/check") -> HalfMessage:
+    group = registry.producer_group_create(name="shop", check_url=check_url)
+    registry.producer_group_create(name="other")
+    topic = registry.topic_create(name="orders", queues=1)
+    message = OutgoingMessage(producer_group="shop", body=b"order 9527", body_is_binary=False)
+    return transactions.transaction_prepare(
+        producer_group=group, topic=topic, message=message, actor=PRODUCER
+    )
+
+
+def sent_on_the_stream(half: HalfMessage) -> None:
+    """What check-back writes when it hands the check to the process holding CLIENT's stream."""
+    via = {"via": "telemetry", "client_id": CLIENT, "process": "grpc-host:4242"}
+    checkback.checkback_apply(
+        half_id=half.pk, result=CheckResult("UNKNOWN", True, None, "", 0, "", via=via)
+    )
+
+
+def answer(half: HalfMessage, state: str, groups: list[str]) -> str:
+    return checkback_stream.checkback_answer(
+        transaction_id=half.transaction_id,
+        answer=state,
+        client_id=CLIENT,
+        producer=PRODUCER,
+        producer_groups=groups,
+    )
+
+
+def test_a_producer_of_another_group_cannot_answer_the_check(db: None) -> None:
+    half = prepared()
+    sent_on_the_stream(half)
+    ops_before = OpRecord.objects.filter(half=half).count()
+    with pytest.raises(NotFound):
+        answer(half, "COMMIT", ["other"])
+    half.refresh_from_db()
+    assert half.state == "PREPARED"
+    assert OpRecord.objects.filter(half=half).count() == ops_before
+    # The positive control: the group's own producer's answer is check-back's resolution.
+    assert answer(half, "COMMIT", ["shop"]) == "COMMIT"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+
+
+def test_an_answer_after_the_producer_resolved_is_recorded_and_not_applied(db: None) -> None:
+    half = prepared()
+    sent_on_the_stream(half)
+    transactions.transaction_commit(
+        transaction_id=half.transaction_id, actor=PRODUCER, producer_groups=["shop"]
+    )
+    assert answer(half, "ROLLBACK", ["shop"]) == "resolved-meanwhile"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "PRODUCER")
+    last = OpRecord.objects.filter(half=half, op="CHECK").latest("id")
+    assert (last.detail["answer"], last.detail["applied"]) == ("ROLLBACK", False)
+    assert OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"]).count() == 1
+
+
+def make_due(half: HalfMessage) -> None:
+    HalfMessage.objects.filter(pk=half.pk).update(
+        next_check_at=timezone.now() - timedelta(seconds=1), checking_until=None
+    )
+    assert checkback.checkback_claim_due() == [half.pk]
+
+
+def test_when_the_process_holding_the_stream_is_gone_the_check_goes_to_the_check_url(
+    db: None, checker: Any, settings: Any
+) -> None:
+    checker.answer("COMMIT")
+    half = prepared(checker.url)
+    token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop"])
+    clients.client_seen(client_id=CLIENT, token_id=token.pk, client_type="PRODUCER", group="shop")
+    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process="grpc-host:4242")
+    # The positive control: while the process holding the stream listens, the check is sent
+    # there, and the check URL is not called.
+    listener = redis.Redis.from_url(settings.CELERY_BROKER_URL).pubsub()  # type: ignore[no-untyped-call]
+    listener.subscribe(checkback_stream.CHANNEL_PREFIX + "grpc-host:4242")
+    try:
+        make_due(half)
+        assert checkback.checkback_run(half_id=half.pk) == "unknown"
+        note = None
+        while note is None or note["type"] != "message":
+            note = listener.get_message(timeout=5)
+            assert note is not None, "nothing was published to the stream's process"
+        assert json.loads(note["data"])["transaction_id"] == str(half.transaction_id)
+        assert checker.checks_of(str(half.transaction_id)) == []
+    finally:
+        listener.close()
+    # That process is gone (nobody listens): the next check goes to the check URL.
+    make_due(half)
+    assert checkback.checkback_run(half_id=half.pk) == "COMMIT"
+    assert len(checker.checks_of(str(half.transaction_id))) == 1
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+    last = OpRecord.objects.filter(half=half, op="CHECK").latest("id")
+    assert last.detail.get("via") != "telemetry"

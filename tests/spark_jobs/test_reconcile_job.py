@@ -3,7 +3,7 @@ each anomaly, written with raw SQL behind the services' back, is found exactly; 
 resolving while the job reads are not reported; a run that cannot finish is recorded FAILED."""
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -160,14 +160,16 @@ def inject_one_of_each(shop: Shop) -> dict[str, str]:
     }
 
 
-def run_job(spark: SparkSession, tmp_path: Any, **hooks: Any) -> ReconciliationRun:
+def run_job(
+    spark: SparkSession, tmp_path: Any, day: date | None = None, **hooks: Any
+) -> ReconciliationRun:
     db = Database.from_url(database_url())
-    today = timezone.now().date()
-    run_id = run_start(db, day=today, master="local[2]")
+    day = day or timezone.now().date()
+    run_id = run_start(db, day=day, master="local[2]")
     reconcile(
         spark,
         db,
-        day=today,
+        day=day,
         run_id=run_id,
         max_pending_age=MAX_PENDING_AGE,
         partitions=3,
@@ -256,3 +258,34 @@ def test_a_run_that_cannot_finish_is_recorded_as_failed(
     assert "exited with 1" in run.error
     assert run.finished_at is not None
     assert ReconciliationFinding.objects.count() == 0
+
+
+def test_a_commit_across_midnight_is_found_in_neither_day(
+    transactional_db: None, spark: SparkSession, tmp_path: Any
+) -> None:
+    """Committed at 23:59:59.9 (its op and state), its log row stored at 00:00:00.1: each day's
+    run reads one side of it, and neither reports it."""
+    shop = Shop()
+    shop.normal_traffic()
+    half = shop.committed()
+    today = timezone.now().date()
+    midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    before, after = midnight - timedelta(milliseconds=100), midnight + timedelta(milliseconds=100)
+    sql(
+        "UPDATE broker_halfmessage SET born_at = %s, resolved_at = %s WHERE id = %s",
+        [before - timedelta(seconds=1), before, half.pk],
+    )
+    sql("UPDATE broker_oprecord SET at = %s WHERE half_id = %s", [before, half.pk])
+    sql(
+        "UPDATE broker_commitlogentry SET stored_at = %s WHERE transaction_id = %s",
+        [after, half.transaction_id],
+    )
+    runs = [run_job(spark, tmp_path, day=day) for day in (today - timedelta(days=1), today)]
+    for run in runs:
+        assert run.status == RunStatus.OK, (run.day, found(run))
+    yesterday = {(row["producer_group"], row["topic"]): row for row in runs[0].summary}
+    assert yesterday[("shop", "orders")]["committed"] == 1  # the positive control: it was read
+    # The positive control for the finding: without its log row it is a lost commit.
+    sql("DELETE FROM broker_commitlogentry WHERE transaction_id = %s", [half.transaction_id])
+    lost = run_job(spark, tmp_path, day=today - timedelta(days=1))
+    assert found(lost) == {"LOST_COMMIT": str(half.transaction_id)}

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.broker import selectors
 from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Topic
-from apps.broker.services import checkback, clients, consuming, credentials, registry
+from apps.broker.services import callbacks, clients, consuming, credentials, registry
 from apps.broker.services.audit import Origin, origin_of_request
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
@@ -193,7 +193,7 @@ def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
 @operator_required
 def producer_group_test(request: HttpRequest, name: str) -> HttpResponse:
     group = selectors.producer_group_get(name=name)
-    result = checkback.checkback_test(group=group)
+    result = callbacks.checkback_test(group=group)
     if result.reached:
         text = (
             f"Test callback to {group.check_url}: HTTP {result.status}, answer {result.answer}"

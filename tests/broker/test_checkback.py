@@ -11,8 +11,8 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.broker.models import HalfMessage, OpRecord, Resolver
-from apps.broker.services import checkback, registry, transactions
-from apps.broker.services.checkback import CheckResult
+from apps.broker.services import callbacks, checkback, registry, transactions
+from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor
 from tests.checker import verify
@@ -244,7 +244,7 @@ def test_only_a_200_with_a_known_state_is_a_decision(
     checker.decide = lambda request: (status, body)
     group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
     half = prepare(group, topic)
-    outcome = checkback.call_check_url(
+    outcome = callbacks.call_check_url(
         HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
     )
     assert outcome.answer == expected
@@ -295,14 +295,14 @@ def test_the_check_is_signed_with_the_groups_secret_and_both_during_rotation(
     def fetch() -> HalfMessage:
         return HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
 
-    checkback.call_check_url(fetch())
+    callbacks.call_check_url(fetch())
     request = checker.requests[-1]
     assert verify(group.signing_secret, request["headers"], request["raw"])
     assert request["body"]["transaction_id"] == str(half.transaction_id)
     assert request["body"]["body"] == "order 9527"
     assert not verify(group.signing_secret, request["headers"], request["raw"] + b" ")
     rotated = registry.producer_group_rotate_secret(name=group.name)
-    checkback.call_check_url(fetch())
+    callbacks.call_check_url(fetch())
     request = checker.requests[-1]
     assert len(request["headers"]["webhook-signature"].split(" ")) == 2
     assert verify(group.signing_secret, request["headers"], request["raw"])  # the old one
@@ -317,7 +317,7 @@ def test_a_refused_connection_is_unreachable_not_a_decision(db: None) -> None:
         registry.topic_create(name="orders", queues=1),
     )
     half = prepare(group, topic)
-    outcome = checkback.call_check_url(
+    outcome = callbacks.call_check_url(
         HalfMessage.objects.select_related("producer_group", "topic").get(pk=half.pk)
     )
     assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)

@@ -10,7 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord, ProducerGroup
-from apps.broker.services import checkback, registry
+from apps.broker.services import callbacks, checkback, registry
 from apps.broker.services.errors import CallbackRefused
 from tests.broker.test_checkback import make_due, make_group, prepare
 from tests.hostile import FIFTY_MB, HostileEndpoint
@@ -44,7 +44,7 @@ def test_a_dripping_endpoint_is_cut_at_the_deadline(db: None, hostile: Any, kind
     group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
     half = prepare(group, topic)
     started = time.monotonic()
-    outcome = checkback.call_check_url(fetch(half))
+    outcome = callbacks.call_check_url(fetch(half))
     took = time.monotonic() - started
     assert endpoint.requests == 1  # the call was made (the positive control)
     assert endpoint.sent > 0  # and the endpoint had started dripping
@@ -59,10 +59,10 @@ def test_a_50_mb_answer_is_not_read_whole_and_is_not_a_decision(db: None, hostil
     endpoint = hostile("huge")
     group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
     half = prepare(group, topic)
-    outcome = checkback.call_check_url(fetch(half))
+    outcome = callbacks.call_check_url(fetch(half))
     assert endpoint.requests == 1
     assert (outcome.answer, outcome.reached) == ("UNKNOWN", True)
-    assert outcome.error == f"the answer is larger than {checkback.MAX_ANSWER_BYTES} bytes"
+    assert outcome.error == f"the answer is larger than {callbacks.MAX_ANSWER_BYTES} bytes"
     assert endpoint.sent < FIFTY_MB  # txhub hung up long before the end
 
 
@@ -88,7 +88,7 @@ def test_the_consoles_test_callback_is_bounded_too(db: None, hostile: Any) -> No
     endpoint = hostile("drip-body")
     group = make_group(endpoint.url)
     started = time.monotonic()
-    outcome = checkback.checkback_test(group=group)
+    outcome = callbacks.checkback_test(group=group)
     assert endpoint.requests == 1
     assert time.monotonic() - started < TIMEOUT + SLACK
     assert outcome.answer == "UNKNOWN"
@@ -98,7 +98,7 @@ def test_the_consoles_test_callback_is_bounded_too(db: None, hostile: Any) -> No
 def test_an_answer_under_the_cap_is_still_a_decision(db: None, checker: Any) -> None:
     checker.decide = lambda body: (200, b" " * (60 * 1024) + b'{"state": "COMMIT"}')
     group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
-    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    outcome = callbacks.call_check_url(fetch(prepare(group, topic)))
     assert (outcome.answer, outcome.error) == ("COMMIT", "")
 
 
@@ -131,7 +131,7 @@ def test_an_http_check_url_is_refused_at_call_time_once_disallowed(
     group, topic = make_group(checker.url), registry.topic_create(name="orders", queues=1)
     half = prepare(group, topic)
     settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
-    outcome = checkback.call_check_url(fetch(half))
+    outcome = callbacks.call_check_url(fetch(half))
     assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
     assert "http://" in outcome.error
     assert checker.requests == []
@@ -154,11 +154,11 @@ def test_the_call_connects_to_the_address_it_checked(
         lookups.append(host)
         return ["127.0.0.1"]
 
-    monkeypatch.setattr(checkback, "resolve", resolver)
+    monkeypatch.setattr(callbacks, "resolve", resolver)
     url = f"http://rebind.invalid:{port}/check"
     group, topic = make_group(url), registry.topic_create(name="orders", queues=1)
     lookups.clear()
-    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    outcome = callbacks.call_check_url(fetch(prepare(group, topic)))
     assert (outcome.answer, outcome.error) == ("COMMIT", "")
     assert lookups == ["rebind.invalid"]  # one lookup per call
     assert checker.requests[-1]["headers"]["host"] == f"rebind.invalid:{port}"
@@ -170,9 +170,9 @@ def test_https_keeps_the_host_name_for_sni_and_the_certificate(
     """Pinned to the checked address, an https call still verifies the certificate against the
     URL's host: a server whose certificate does not name it fails the TLS check (here a plain
     listener: the handshake fails), never answers a decision."""
-    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["127.0.0.1"])
+    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["127.0.0.1"])
     sockets: list[Any] = []
-    adapter = checkback._pinned_adapter("127.0.0.1", sockets)
+    adapter = callbacks._pinned_adapter("127.0.0.1", sockets)
     pool = adapter.poolmanager.connection_from_url("https://producer.example:9/check")
     connection = pool._new_conn()
     assert connection.server_hostname == "producer.example"
@@ -186,12 +186,12 @@ def test_a_host_that_rebinds_to_an_internal_address_is_refused(
     checker.answer("COMMIT")
     port = checker.url.split(":")[2].split("/")[0]
     answers = iter([["127.0.0.1"], [second]])
-    monkeypatch.setattr(checkback, "resolve", lambda host, port: next(answers))
+    monkeypatch.setattr(callbacks, "resolve", lambda host, port: next(answers))
     group, topic = (
         make_group(f"http://rebind.invalid:{port}/check"),
         registry.topic_create(name="orders", queues=1),
     )  # registered while it resolved to an allowed address
-    outcome = checkback.call_check_url(fetch(prepare(group, topic)))
+    outcome = callbacks.call_check_url(fetch(prepare(group, topic)))
     assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
     assert second in outcome.error
     assert checker.requests == []
@@ -200,9 +200,9 @@ def test_a_host_that_rebinds_to_an_internal_address_is_refused(
 def test_every_address_of_an_answer_is_checked(
     db: None, checker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["127.0.0.1", "169.254.169.254"])
+    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["127.0.0.1", "169.254.169.254"])
     with pytest.raises(CallbackRefused, match="169.254.169.254"):
-        checkback.callback_url_check("http://rebind.invalid/check")
+        callbacks.callback_url_check("http://rebind.invalid/check")
 
 
 @pytest.mark.parametrize(
@@ -221,17 +221,17 @@ def test_every_address_of_an_answer_is_checked(
 def test_ipv6_forms_that_embed_ipv4_are_refused(
     db: None, monkeypatch: pytest.MonkeyPatch, address: str
 ) -> None:
-    monkeypatch.setattr(checkback, "resolve", lambda host, port: [address])
+    monkeypatch.setattr(callbacks, "resolve", lambda host, port: [address])
     with pytest.raises(CallbackRefused):
-        checkback.callback_url_check("https://producer.example/check")
+        callbacks.callback_url_check("https://producer.example/check")
 
 
 def test_an_allowlisted_translated_network_is_allowed(
     db: None, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     settings.TXHUB_CALLBACK_ALLOWED_HOSTS = ["64:ff9b::/96"]
-    monkeypatch.setattr(checkback, "resolve", lambda host, port: ["64:ff9b::a00:1"])
-    assert checkback.callback_url_check("https://producer.example/check") == ["64:ff9b::a00:1"]
+    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["64:ff9b::a00:1"])
+    assert callbacks.callback_url_check("https://producer.example/check") == ["64:ff9b::a00:1"]
 
 
 def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(

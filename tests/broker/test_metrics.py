@@ -15,7 +15,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.broker.models import Delivery, DeliveryState, HalfMessage, Resolver, TransactionState
-from apps.broker.services import checkback, consuming, delivery, registry, transactions
+from apps.broker.services import checkback, consuming, delivery, registry, sending, transactions
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
 from tests.broker.test_checkback import make_group, prepare, result
@@ -123,7 +123,7 @@ def test_delay_lateness_delayed_depth_consumer_lag_and_dlq(transactional_db: Non
         message_send(topic=topic, message=message)
     consuming.message_receive(group=group, topic=topic, max_messages=2, invisible_seconds=60)
     soon = timezone.now() + timedelta(hours=1)
-    delivery.delayed_store(
+    sending.delayed_store(
         topic_id=topic.pk,
         queue_id=0,
         msg_id="DELAYED1",
@@ -132,7 +132,7 @@ def test_delay_lateness_delayed_depth_consumer_lag_and_dlq(transactional_db: Non
         born_at=timezone.now(),
     )
     due = timezone.now() - timedelta(seconds=2)
-    delivery.delayed_store(
+    sending.delayed_store(
         topic_id=topic.pk,
         queue_id=0,
         msg_id="DELAYED2",

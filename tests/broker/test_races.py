@@ -25,7 +25,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services import checkback, consuming, operator, registry, transactions
-from apps.broker.services.checkback import CheckResult
+from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.errors import TransactionResolved
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.broker.models import HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
-from apps.broker.services.checkback import CheckResult
+from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.errors import NotFound
 from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor

@@ -30,7 +30,7 @@ from txhub_client import (
 )
 
 from apps.broker.models import HalfMessage
-from apps.broker.services import checkback
+from apps.broker.services import callbacks
 from tests.conftest import Server, db_url_for_tests
 from tests.helpers import expect
 
@@ -224,7 +224,7 @@ def test_the_wsgi_receiver_answers_txhubs_signed_check_and_refuses_a_bad_signatu
         half = HalfMessage.objects.select_related("producer_group", "topic").get(
             transaction_id=result.transaction_id
         )
-        outcome = checkback.call_check_url(half)
+        outcome = callbacks.call_check_url(half)
         assert (outcome.answer, outcome.status) == ("COMMIT", 200)
         assert listener.checked == [result.transaction_id]
         forged = requests.post(
@@ -280,7 +280,7 @@ def test_the_django_view_answers_a_check(shop: Any) -> None:
         }
     ).encode()
     ts = int(time.time())
-    sig = checkback.signature(shop["secret"], "msg_1", ts, payload)
+    sig = callbacks.signature(shop["secret"], "msg_1", ts, payload)
     request = RequestFactory().post(
         "/check",
         data=payload,

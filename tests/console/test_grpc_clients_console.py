@@ -6,7 +6,7 @@ from django.test import Client
 
 from apps.broker.models import HalfMessage, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry
-from apps.broker.services.checkback import CheckResult
+from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.transactions import Actor
 from tests.console.test_console_views import half, login
 

@@ -23,7 +23,7 @@ from apps.broker.models import (
     Topic,
     TransactionState,
 )
-from apps.broker.services import consuming, delivery, registry, transactions
+from apps.broker.services import consuming, registry, sending, transactions
 from apps.broker.services.sending import OutgoingMessage, message_send
 from tests.console.test_console_views import PRODUCER, login
 
@@ -200,7 +200,7 @@ def test_an_operator_resends_from_the_dead_letter_queue(setup: dict[str, Any]) -
 def test_the_delayed_page_lists_what_waits_and_when(setup: dict[str, Any]) -> None:
     message = OutgoingMessage(producer_group="shop", body=b"m", body_is_binary=False)
     due = timezone.now() + timedelta(hours=2)
-    delivery.delayed_store(
+    sending.delayed_store(
         topic_id=setup["topic"].pk,
         queue_id=1,
         msg_id="DELAYEDMSG1",

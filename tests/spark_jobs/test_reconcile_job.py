@@ -18,7 +18,7 @@ from apps.broker.models import (
     Resolver,
     RunStatus,
 )
-from apps.broker.services import delivery, registry, transactions
+from apps.broker.services import registry, sending, transactions
 from apps.broker.services.reconciliation import database_url, reconciliation_run
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
@@ -136,7 +136,7 @@ def inject_one_of_each(shop: Shop) -> dict[str, str]:
     )
 
     plain = OutgoingMessage(producer_group="shop", body=b"late", body_is_binary=False)
-    late = delivery.delayed_store(
+    late = sending.delayed_store(
         topic_id=shop.topic.pk,
         queue_id=0,
         msg_id="LATEDELAYED0001",

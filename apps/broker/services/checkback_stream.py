@@ -15,13 +15,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.broker.models import HalfMessage, OpKind, OpRecord, Resolver
+from apps.broker.models import HalfMessage, OpKind, OpRecord
 from apps.broker.models import TransactionState as State
-from apps.broker.services import checkback, clients, transactions
+from apps.broker.services import clients, transactions
+from apps.broker.services.check_ops import CHECK_BACK, record_check
 from apps.broker.services.errors import NotFound
 from apps.broker.services.transactions import Actor
 
-CHECK_BACK = Actor(Resolver.CHECK_BACK, "check-back")
 # The gRPC processes' channels (apps/broker/grpc/checks.py subscribes to its own).
 CHANNEL_PREFIX = "txhub:grpc:check:"
 
@@ -104,10 +104,10 @@ def checkback_answer(
         via = {"via": "telemetry", "client_id": client_id}
         detail = {"answer": answer, "reached": True, "status": None, "error": "", **via}
         if half.state != State.PREPARED:
-            checkback.record_check(half, {**detail, "applied": False}, timezone.now())
+            record_check(half, {**detail, "applied": False}, timezone.now())
             return "resolved-meanwhile"
         # The check was counted when it was sent (checkback_run): not counted again here.
-        checkback.record_check(half, {**detail, "applied": True}, timezone.now())
+        record_check(half, {**detail, "applied": True}, timezone.now())
         resolve(
             transaction_id=transaction_id,
             actor=CHECK_BACK,

@@ -2,7 +2,6 @@
 then a scan moves each into the commit log exactly once, with its queue offset assigned then."""
 
 import time
-import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -42,28 +41,6 @@ def delivery_time(
         message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) in the past."
         raise invalid("deliver_at", message)
     return due if due > start else None  # a time in the past is delivered at once
-
-
-def delayed_store(
-    *,
-    topic_id: int,
-    queue_id: int,
-    msg_id: str,
-    message: OutgoingMessage,
-    deliver_at: datetime,
-    born_at: datetime,
-    transaction_id: uuid.UUID | None = None,
-) -> DelayedMessage:
-    return DelayedMessage.objects.create(
-        msg_id=msg_id,
-        topic_id=topic_id,
-        queue_id=queue_id,
-        producer_group=message.producer_group,
-        transaction_id=transaction_id,
-        **message.row_fields(),
-        born_at=born_at,
-        deliver_at=deliver_at,
-    )
 
 
 def delayed_deliver_due(*, limit: int | None = None) -> int:

@@ -18,7 +18,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services.audit import SYSTEM, Origin, audit_record, url_shown
-from apps.broker.services.checkback import callback_url_check, new_signing_secret
+from apps.broker.services.callbacks import callback_url_check, new_signing_secret
 from apps.broker.services.credentials import new_access_key
 from apps.broker.services.errors import Conflict, NotFound, invalid
 from apps.broker.services.sending import RECEIVABLE_CHANNEL

@@ -259,6 +259,29 @@ def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage)
     return None
 
 
+def delayed_store(
+    *,
+    topic_id: int,
+    queue_id: int,
+    msg_id: str,
+    message: OutgoingMessage,
+    deliver_at: datetime,
+    born_at: datetime,
+    transaction_id: uuid.UUID | None = None,
+) -> DelayedMessage:
+    """A message stored to wait for its delivery time (delivery.py moves it to the log)."""
+    return DelayedMessage.objects.create(
+        msg_id=msg_id,
+        topic_id=topic_id,
+        queue_id=queue_id,
+        producer_group=message.producer_group,
+        transaction_id=transaction_id,
+        **message.row_fields(),
+        born_at=born_at,
+        deliver_at=deliver_at,
+    )
+
+
 def message_send_batch(
     *,
     topic: Topic,
@@ -270,8 +293,6 @@ def message_send_batch(
     Appended in queue order: each queue's offset row stays locked until the commit, and two
     batches (or a batch and a producer's commit) that take queue locks in the same order cannot
     deadlock. Offsets within a queue follow the order of the batch."""
-    from apps.broker.services.delivery import delayed_store
-
     msg_ids = msg_ids or [new_msg_id() for _ in messages]
     queues = [queue_for(topic=topic, msg_id=msg_id) for msg_id in msg_ids]
     now = timezone.now()

@@ -32,13 +32,13 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services.client_ids import stored_id_for
-from apps.broker.services.delivery import delayed_store
 from apps.broker.services.errors import BrokerError, Conflict, NotFound, TransactionResolved
 from apps.broker.services.sending import (
     NEXT_QUEUE_OFFSET_SQL,
     RECEIVABLE_CHANNEL,
     TAKE_OFFSETS_SQL,
     OutgoingMessage,
+    delayed_store,
     queue_for,
 )
 

@@ -311,7 +311,7 @@ def test_concurrent_batches_leave_offsets_dense(server: Server) -> None:
 def test_a_batch_commit_stores_what_single_commits_store_in_batch_order(
     api: APIClient, setup_topic: Any
 ) -> None:
-    """The batch's visible commits are written per queue in one statement (COMMIT_MANY_SQL):
+    """The batch's visible commits are written per queue in one statement (committing.COMMIT_SQL):
     each commit-log row, half and COMMIT op must be what a single commit writes, and the offsets
     of one queue follow the order of the batch."""
     setup_topic(queues=1)

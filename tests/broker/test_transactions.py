@@ -243,8 +243,8 @@ def test_the_one_statement_commit_writes_what_the_general_path_writes(
     api: APIClient, setup_topic: Any, make_client: Any
 ) -> None:
     """Outside a caller's transaction a plain commit is one statement (COMMIT_AT_ONCE_SQL);
-    inside one it takes the general path (lock, then COMMIT_SQL). Both write the same rows and
-    answer the same; offsets stay dense across both."""
+    inside one it takes the general path (lock, then committing.COMMIT_SQL). Both write the same
+    rows and answer the same; offsets stay dense across both."""
     from django.db import transaction as db_transaction
 
     names = setup_topic(queues=1)

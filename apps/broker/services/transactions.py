@@ -1,7 +1,8 @@
 """The life of a transactional (half) message: prepare, commit, rollback, park, resume.
 
 Every path that changes a transaction's state, whoever calls it (REST, console, admin, check-back,
-Celery), goes through `_transition`, which locks the half message's row first.
+Celery), locks the half message's row first (half_rows.lock, or the plain commit's own statement)
+and writes through `_apply`, or the commit statements of committing.py.
 """
 
 import contextlib
@@ -16,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.broker import failpoints, limits, rows
+from apps.broker import failpoints, limits
 from apps.broker.metrics import count_resolution
 from apps.broker.models import (
     UNRESOLVED_STATES,
@@ -31,12 +32,10 @@ from apps.broker.models import (
     TransactionState,
     new_msg_id,
 )
+from apps.broker.services import committing, half_rows
 from apps.broker.services.client_ids import stored_id_for
-from apps.broker.services.errors import BrokerError, Conflict, NotFound, TransactionResolved
+from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
-    NEXT_QUEUE_OFFSET_SQL,
-    RECEIVABLE_CHANNEL,
-    TAKE_OFFSETS_SQL,
     OutgoingMessage,
     delayed_store,
     queue_for,
@@ -244,7 +243,16 @@ def transaction_commit(
 ) -> Resolution:
     resolution = None
     if not connection.in_atomic_block:
-        resolution = _commit_at_once(transaction_id, actor, reason, detail or {}, producer_groups)
+        committed = committing.commit_at_once(
+            transaction_id,
+            source=actor.source,
+            actor=actor.name,
+            reason=reason,
+            detail=detail or {},
+            producer_groups=producer_groups,
+            now=timezone.now(),
+        )
+        resolution = None if committed is None else Resolution(*committed)
     if resolution is None:  # not the plain case (or inside a caller's transaction)
         resolution = _resolve(
             transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
@@ -293,7 +301,7 @@ def transaction_resolve_batch(
         # Lock: every row of the batch, in id order, before any is changed. Two batches over the
         # same transactions in opposite orders then queue up instead of deadlocking; a single
         # commit (one row, then its queue) never waits for a row the batch could be waiting on.
-        halves = {half.transaction_id: half for half in _lock_all(transaction_ids)}
+        halves = {half.transaction_id: half for half in half_rows.lock_all(transaction_ids)}
 
         # Then the commits take their queue rows in (topic, queue) order, like every appending
         # transaction (sending.message_send_batch, the delayed delivery scan).
@@ -305,7 +313,7 @@ def transaction_resolve_batch(
         plain: dict[tuple[int, int], list[HalfMessage]] = {}  # visible commits, by queue
         for tid in sorted(transaction_ids, key=place):
             try:
-                half = _owned(halves.get(tid), tid, producer_groups)
+                half = half_rows.owned(halves.get(tid), tid, producer_groups)
                 if commit and half.state in UNRESOLVED_STATES and not _delivery_due(half, now):
                     plain.setdefault((half.topic_id, half.queue_id), []).append(half)
                     continue
@@ -316,7 +324,12 @@ def transaction_resolve_batch(
         # The commits that become visible at once: one statement per queue, in (topic, queue)
         # order, as a single commit's statement would do for each of them.
         for place_key in sorted(plain):
-            for half, entry in _commit_many(plain[place_key], actor, reason, now):
+            queue = plain[place_key]
+            entries = committing.commit_locked(
+                queue, source=actor.source, actor=actor.name, reason=reason, detail={}, now=now
+            )
+            for half, entry in zip(queue, entries, strict=True):
+                committing.mark_committed(half, source=actor.source, now=now)
                 outcomes[half.transaction_id] = Outcome(
                     half.transaction_id, Resolution(half, entry), None
                 )
@@ -328,7 +341,7 @@ def transaction_resolve_batch(
 @transaction.atomic
 def transaction_park(*, transaction_id: uuid.UUID, actor: Actor, reason: str) -> HalfMessage:
     """PREPARED -> PARKED: check-back gave up. Anything else is left as it is."""
-    half = _lock(transaction_id, None)
+    half = half_rows.lock(transaction_id, None)
     if half.state == TransactionState.PREPARED:
         half.state = TransactionState.PARKED
         half.next_check_at = None
@@ -340,7 +353,7 @@ def transaction_park(*, transaction_id: uuid.UUID, actor: Actor, reason: str) ->
 @transaction.atomic
 def transaction_resume(*, transaction_id: uuid.UUID, actor: Actor, reason: str = "") -> HalfMessage:
     """PARKED -> PREPARED with the check count reset, so check-back asks again."""
-    half = _lock(transaction_id, None)
+    half = half_rows.lock(transaction_id, None)
     if half.state in FINAL_STATES:
         raise TransactionResolved(state=half.state)
     if half.state != TransactionState.PARKED:
@@ -362,7 +375,7 @@ def _resolve(
     detail: dict[str, Any] | None,
     producer_groups: Collection[str] | None,
 ) -> Resolution:
-    return _apply(_lock(transaction_id, producer_groups), target, actor, reason, detail)
+    return _apply(half_rows.lock(transaction_id, producer_groups), target, actor, reason, detail)
 
 
 def _apply(
@@ -393,7 +406,15 @@ def _apply(
     if target == TransactionState.COMMITTED:
         due = _delivery_due(half, now)
         if due is None:
-            return Resolution(half, _commit_statement(half, actor, reason, detail or {}, now))
+            [entry] = committing.commit_locked(
+                [half],
+                source=actor.source,
+                actor=actor.name,
+                reason=reason,
+                detail=detail or {},
+                now=now,
+            )
+            return Resolution(half, entry)
         # Delayed from the commit on: the commit-log row appears when due (delivery scan).
         delayed_store(
             topic_id=half.topic_id,
@@ -419,230 +440,6 @@ def _apply(
     return Resolution(half, None)
 
 
-# The commit, as one statement: takes the queue's next offset (the queue row stays locked until
-# our transaction commits: see next_queue_offset), copies the half message into the commit log,
-# marks the half COMMITTED and appends the COMMIT op. One statement, so the commit-log row and the
-# op record cannot exist without each other (invariant 3); and one round trip on the hottest path.
-# Composed of constants only; every value is bound by the server.
-COMMIT_SQL = f"""
-WITH queue AS ({NEXT_QUEUE_OFFSET_SQL}),
-entry AS (
-    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
-        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
-    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
-        h.born_at, queue.queue_offset, %(group)s, h.transaction_id, %(now)s, h.topic_id
-    FROM broker_halfmessage h, queue WHERE h.id = %(half_id)s
-    RETURNING "offset", queue_offset
-),
-resolved AS (
-    UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
-        resolved_by = %(source)s, next_check_at = NULL
-    WHERE id = %(half_id)s
-),
-op AS (
-    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
-    VALUES (%(half_id)s, %(op)s, %(source)s, %(actor)s, %(reason)s, %(detail)s, %(now)s)
-)
-SELECT "offset", queue_offset FROM entry
-"""  # noqa: S608
-
-
-def _commit_statement(
-    half: HalfMessage, actor: Actor, reason: str, detail: dict[str, Any], now: datetime
-) -> CommitLogEntry:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            COMMIT_SQL,
-            {
-                "topic_id": half.topic_id,
-                "queue_id": half.queue_id,
-                "group": half.producer_group.name,
-                "now": now,
-                "half_id": half.pk,
-                "state": TransactionState.COMMITTED,
-                "source": actor.source,
-                "op": OpKind.COMMIT,
-                "actor": actor.name,
-                "reason": reason,
-                "detail": json.dumps(detail),
-            },
-        )
-        row = cursor.fetchone()
-    assert row is not None, "the half row is locked by us, so the insert happened"  # noqa: S101
-    return _log_entry(half, row[0], row[1], now)
-
-
-def _log_entry(half: HalfMessage, offset: int, queue_offset: int, now: datetime) -> CommitLogEntry:
-    """The commit-log row a commit statement stored for `half`, as the answer needs it."""
-    return CommitLogEntry(
-        offset=offset,
-        queue_offset=queue_offset,
-        msg_id=half.msg_id,
-        topic=half.topic,
-        queue_id=half.queue_id,
-        transaction_id=half.transaction_id,
-        producer_group=half.producer_group.name,
-        stored_at=now,
-    )
-
-
-def _committed_in_sql(half: HalfMessage, actor: Actor, now: datetime) -> None:
-    """`half` as a one-statement commit left its row (COMMIT_MANY_SQL, COMMIT_AT_ONCE_SQL), and
-    the resolution counted, as `_apply` does for the general path."""
-    half.state = TransactionState.COMMITTED
-    half.resolved_at = now
-    half.resolved_by = actor.source
-    half.next_check_at = None
-    count_resolution(outcome=TransactionState.COMMITTED, resolved_by=actor.source)
-
-
-# COMMIT_SQL for many half messages of one queue: their offsets taken together (in the order
-# given) and announced by one NOTIFY, their rows copied into the commit log, the halves marked
-# COMMITTED and their COMMIT ops appended, in one statement (one round trip instead of one per
-# transaction; invariant 3 holds per row as in COMMIT_SQL). Composed of constants only.
-COMMIT_MANY_SQL = f"""
-WITH queue AS ({TAKE_OFFSETS_SQL}),
-batch AS (SELECT id, i FROM unnest(%(half_ids)s::bigint[]) WITH ORDINALITY AS b(id, i)),
-entry AS (
-    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
-        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
-    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
-        h.born_at, queue.first_offset + batch.i - 1, g.name, h.transaction_id, %(now)s, h.topic_id
-    FROM batch JOIN broker_halfmessage h ON h.id = batch.id
-        JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
-    ORDER BY batch.i
-    RETURNING transaction_id, "offset", queue_offset
-),
-resolved AS (
-    UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
-        resolved_by = %(source)s, next_check_at = NULL
-    WHERE id IN (SELECT id FROM batch) AND EXISTS (SELECT 1 FROM entry)
-),
-op AS (
-    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
-    SELECT id, %(op)s, %(source)s, %(actor)s, %(reason)s, '{{}}'::jsonb, %(now)s FROM batch
-    WHERE EXISTS (SELECT 1 FROM entry)
-)
-SELECT transaction_id, "offset", queue_offset FROM entry
-"""  # noqa: S608
-
-
-def _commit_many(
-    halves: list[HalfMessage], actor: Actor, reason: str, now: datetime
-) -> list[tuple[HalfMessage, CommitLogEntry]]:
-    """Commits half messages of one queue, each locked by the caller and unresolved, each
-    visible at once; their commit-log rows in the order given."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            COMMIT_MANY_SQL,
-            {
-                "n": len(halves),
-                "topic_id": halves[0].topic_id,
-                "queue_id": halves[0].queue_id,
-                "half_ids": [half.pk for half in halves],
-                "now": now,
-                "state": TransactionState.COMMITTED,
-                "source": actor.source,
-                "op": OpKind.COMMIT,
-                "actor": actor.name,
-                "reason": reason,
-            },
-        )
-        stored = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
-    if len(stored) != len(halves):  # every half is locked by us and its queue row exists
-        raise RuntimeError(f"batch commit stored {len(stored)} of {len(halves)} rows")
-    committed = []
-    for half in halves:
-        _committed_in_sql(half, actor, now)
-        committed.append((half, _log_entry(half, *stored[half.transaction_id], now)))
-    return committed
-
-
-# The plain commit (the producer's own, of an unresolved transaction of its group, visible at
-# once) as ONE statement in its own transaction: the half's row lock, COMMIT_SQL's writes, and
-# the rows the answer needs. The lock is taken in the `h` CTE with the conditions in its WHERE:
-# if another resolution holds the row, Postgres re-checks them on the row it committed, so a
-# transaction resolved meanwhile matches nothing, nothing is written, and the general path
-# (lock, then decide: 200 again, 409, 404, a delayed commit) answers. Same lock order as the
-# general path (the half, then its queue row). One round trip instead of four (BEGIN, lock,
-# COMMIT_SQL, COMMIT). Composed of constants only.
-COMMIT_AT_ONCE_SQL = f"""
-WITH h AS (
-    SELECT {rows.columns(HalfMessage, "h")} FROM broker_halfmessage h
-    JOIN broker_producergroup pg ON pg.id = h.producer_group_id
-    WHERE h.transaction_id = %(tid)s
-        AND h.state = ANY(%(unresolved)s::varchar[])
-        AND h.delay_seconds IS NULL
-        AND (h.deliver_at IS NULL OR h.deliver_at <= %(now)s)
-        AND (%(any_group)s OR pg.name = ANY(%(groups)s::varchar[]))
-    FOR UPDATE OF h
-),
-queue AS (
-    UPDATE broker_messagequeue q SET next_offset = q.next_offset + 1
-    FROM h WHERE q.topic_id = h.topic_id AND q.queue_id = h.queue_id
-    RETURNING q.next_offset - 1 AS queue_offset,
-        pg_notify('{RECEIVABLE_CHANNEL}', concat_ws(' ', q.topic_id, q.queue_id, q.next_offset - 1))
-),
-entry AS (
-    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
-        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
-    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
-        h.born_at, queue.queue_offset, g.name, h.transaction_id, %(now)s, h.topic_id
-    FROM h JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
-    RETURNING "offset", queue_offset
-),
-resolved AS (
-    UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
-        resolved_by = %(source)s, next_check_at = NULL
-    WHERE id IN (SELECT id FROM h) AND EXISTS (SELECT 1 FROM entry)
-),
-op AS (
-    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
-    SELECT h.id, %(op)s, %(source)s, %(actor)s, %(reason)s, %(detail)s, %(now)s FROM h
-    WHERE EXISTS (SELECT 1 FROM entry)
-)
-SELECT {rows.columns(HalfMessage, "h")}, {rows.columns(Topic, "t")},
-    {rows.columns(ProducerGroup, "g")}, entry."offset", entry.queue_offset
-FROM h JOIN broker_topic t ON t.id = h.topic_id
-    JOIN broker_producergroup g ON g.id = h.producer_group_id, entry
-"""  # noqa: S608
-
-
-def _commit_at_once(
-    transaction_id: uuid.UUID,
-    actor: Actor,
-    reason: str,
-    detail: dict[str, Any],
-    producer_groups: Collection[str] | None,
-) -> Resolution | None:
-    """The plain commit in one statement (COMMIT_AT_ONCE_SQL), or None when it is not the plain
-    case (unknown, another group's, resolved already, delayed): nothing was written then."""
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            COMMIT_AT_ONCE_SQL,
-            {
-                "tid": transaction_id,
-                "unresolved": list(UNRESOLVED_STATES),
-                "now": now,
-                "any_group": producer_groups is None,
-                "groups": list(producer_groups or ()),
-                "state": TransactionState.COMMITTED,
-                "source": actor.source,
-                "op": OpKind.COMMIT,
-                "actor": actor.name,
-                "reason": reason,
-                "detail": json.dumps(detail),
-            },
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    half = _half_of(row)
-    _committed_in_sql(half, actor, now)
-    return Resolution(half, _log_entry(half, row[-2], row[-1], now))
-
-
 def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:
     if half.delay_seconds:
         return now + timedelta(seconds=half.delay_seconds)
@@ -653,67 +450,6 @@ def _delivery_due(half: HalfMessage, now: datetime) -> datetime | None:
 
 def _outgoing(half: HalfMessage) -> OutgoingMessage:
     return OutgoingMessage.of(half, half.producer_group.name)
-
-
-_LOCK_SQL = (
-    f"SELECT {rows.columns(HalfMessage, 'h')}, {rows.columns(Topic, 't')}, "  # noqa: S608
-    f"{rows.columns(ProducerGroup, 'g')} FROM broker_halfmessage h "
-    "JOIN broker_topic t ON t.id = h.topic_id "
-    "JOIN broker_producergroup g ON g.id = h.producer_group_id "
-    "WHERE {where} FOR UPDATE OF h"
-)
-
-
-def _lock(transaction_id: uuid.UUID, producer_groups: Collection[str] | None) -> HalfMessage:
-    # Lock: commit, rollback, a check-back answer and an operator action on one transaction
-    # queue up here, so exactly one of them moves it to a final state (CONTRACT invariant 2).
-    # FOR UPDATE OF h: lock only the half row, not its (shared) topic and group rows. Plain SQL
-    # (the commit's hot path): the ORM's compilation of this query cost more CPU than the rest
-    # of the commit together.
-    with connection.cursor() as cursor:
-        cursor.execute(_LOCK_SQL.format(where="h.transaction_id = %s"), [transaction_id])
-        row = cursor.fetchone()
-    return _owned(None if row is None else _half_of(row), transaction_id, producer_groups)
-
-
-def _lock_all(transaction_ids: list[uuid.UUID]) -> list[HalfMessage]:
-    """_lock for a batch: the rows locked in id order (the order every batch takes them in)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _LOCK_SQL.format(where="h.transaction_id = ANY(%s::uuid[]) ORDER BY h.id"),
-            [transaction_ids],
-        )
-        found = cursor.fetchall()
-    # A batch's halves mostly share one topic and group: each is loaded once, not once per row
-    # (building model instances was a sixth of a batch commit's web CPU, profiled).
-    shared: dict[tuple[type, Any], Any] = {}
-    return [_half_of(row, shared) for row in found]
-
-
-def _half_of(row: Any, shared: dict[tuple[type, Any], Any] | None = None) -> HalfMessage:
-    half = rows.load(HalfMessage, row)
-    at = rows.width(HalfMessage)
-    for model, field in ((Topic, "topic"), (ProducerGroup, "producer_group")):
-        key = (model, row[at])  # the row's slice of `model` starts with its id
-        related = None if shared is None else shared.get(key)
-        if related is None:
-            related = rows.load(model, row, at)
-            if shared is not None:
-                shared[key] = related
-        setattr(half, field, related)
-        at += rows.width(model)
-    return half
-
-
-def _owned(
-    half: HalfMessage | None, transaction_id: uuid.UUID, producer_groups: Collection[str] | None
-) -> HalfMessage:
-    if half is None or (
-        producer_groups is not None and half.producer_group.name not in producer_groups
-    ):
-        # Another group's transaction answers as if it did not exist.
-        raise NotFound(f"Transaction {transaction_id} does not exist.")
-    return half
 
 
 def _delayed_due_of(half: HalfMessage) -> datetime | None:

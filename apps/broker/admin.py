@@ -4,7 +4,6 @@ operator service, with a reason asked on an intermediate page."""
 
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -22,11 +21,8 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services import operator
+from apps.console.forms import ReasonForm
 from apps.console.roles import can_act
-
-
-class ReasonForm(forms.Form):
-    reason = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 3}))
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

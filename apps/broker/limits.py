@@ -17,6 +17,8 @@ MSG_ID_PATTERN = r"[0-9A-Za-z]{1,64}"
 ROW_ID_PATTERN = r"[0-9]{1,18}"
 RESERVED_PREFIXES = ("rmq_sys_", "txhub_")
 MAX_TAG_CHARS = 128
+# An operator's or producer's reason for a resolution, kept in the op record.
+MAX_REASON_CHARS = 2000
 
 # The largest integer any API or console field takes: fits integer columns, timedelta and
 # Postgres bigint arithmetic (68 years in seconds), so no number can overflow downstream.

@@ -35,11 +35,18 @@ class TransactionFilterForm(forms.Form):
 
 
 class ReasonForm(forms.Form):
+    """An operator's reason for acting on transactions: the console's and the admin's."""
+
     reason = forms.CharField(
-        max_length=2000,
+        max_length=limits.MAX_REASON_CHARS,
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Recorded with your user name in the transaction's history.",
     )
+
+
+class ConfirmedReasonForm(ReasonForm):
+    """The console's: the operator also confirms having checked the transaction."""
+
     confirm = forms.BooleanField(label="I have checked this transaction and want to go ahead.")
 
 

@@ -18,7 +18,7 @@ from apps.broker import selectors
 from apps.broker.services import operator
 from apps.broker.services.errors import NotFound
 from apps.console import charts
-from apps.console.forms import BulkActionForm, ReasonForm, TransactionFilterForm
+from apps.console.forms import BulkActionForm, ConfirmedReasonForm, TransactionFilterForm
 from apps.console.roles import can_act, can_view
 
 PREVIEW_BYTES = 4096
@@ -146,7 +146,7 @@ def transaction_action(
     if action not in operator.ACTIONS:
         return render(request, "console/not_found.html", status=404)
     half = selectors.transaction_get(transaction_id=transaction_id)
-    form = ReasonForm(request.POST or None)
+    form = ConfirmedReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         result = operator.operator_act(
             transaction_id=transaction_id,
@@ -174,7 +174,7 @@ def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
         return redirect("console:transactions")
     ids: list[uuid.UUID] = chosen.cleaned_data["ids"][:BULK_LIMIT]
     action: str = chosen.cleaned_data["action"]
-    form = ReasonForm(request.POST if "reason" in request.POST else None)
+    form = ConfirmedReasonForm(request.POST if "reason" in request.POST else None)
     if not form.is_valid():
         return render(
             request, "console/confirm_bulk.html", {"ids": ids, "action": action, "form": form}

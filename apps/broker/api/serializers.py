@@ -311,7 +311,7 @@ class ResolveBatchIn(StrictSerializer):
     transaction_ids = StrictListField(
         child=StrictUUIDField(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
     )
-    reason = _text(required=False, allow_blank=True, max_length=2000)
+    reason = _text(required=False, allow_blank=True, max_length=limits.MAX_REASON_CHARS)
 
     def validate_transaction_ids(self, value: list[Any]) -> list[Any]:
         if len(set(value)) != len(value):
@@ -320,7 +320,7 @@ class ResolveBatchIn(StrictSerializer):
 
 
 class ReasonIn(StrictSerializer):
-    reason = _text(required=False, allow_blank=True, max_length=2000)
+    reason = _text(required=False, allow_blank=True, max_length=limits.MAX_REASON_CHARS)
 
 
 class TopicIn(StrictSerializer):

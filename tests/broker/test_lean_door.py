@@ -659,3 +659,27 @@ def test_the_lean_door_serves_the_production_settings(settings: Any) -> None:
     call = lean.take(scope, b"{}")
     assert call is not None
     assert not call.secure
+
+
+def test_the_lean_doors_routes_are_the_apis_own() -> None:
+    """No hand-copied route table: each hot view's route is api/urls.py's entry (issue 26)."""
+    from apps.broker.api import urls as api_urls
+
+    prefix, routes = lean._routes()
+    assert prefix == PREFIX + "/"
+    assert {route.view for route in routes} == set(lean.HOT_VIEWS)
+    assert len(routes) == len(lean.HOT_VIEWS)
+    assert all(route.pattern in api_urls.urlpatterns for route in routes)
+    call = lean.take(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": f"{PREFIX}/transactions/{uuid.UUID(int=1)}/commit",
+            "query_string": b"",
+            "scheme": "http",
+            "headers": [(b"host", b"127.0.0.1:8000"), (b"authorization", b"Bearer abc")],
+        },
+        b"",
+    )
+    assert call is not None
+    assert call.kwargs == {"transaction_id": uuid.UUID(int=1)}  # converted by Django's converter

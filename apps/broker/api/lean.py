@@ -31,17 +31,16 @@ reads it (the scheme, or `SECURE_PROXY_SSL_HEADER`); with `SECURE_SSL_REDIRECT` 
 Django's (its redirect); a secure answer carries the HSTS header SecurityMiddleware would add.
 """
 
+import functools
 import io
 import logging
-import re
-import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.conf import settings
 from django.db import connections
 from django.http.request import split_domain_port, validate_host
+from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.datastructures import CaseInsensitiveMapping
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
@@ -49,8 +48,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import limits, metrics
+from apps.broker import metrics
 from apps.broker.api import batch_views, long_poll, views
+from apps.broker.api import urls as api_urls
 from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.api.parsers import LimitedJSONParser
 from apps.broker.services.consuming import WaitPlan
@@ -58,45 +58,26 @@ from apps.broker.services.consuming import WaitPlan
 # Where Django logs a request's unhandled exception (its 500s): the same logger for both doors.
 _request_logger = logging.getLogger("django.request")
 
-_NAME = limits.NAME_PATTERN
-_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# The hot calls the lean door answers; their routes are api/urls.py's, found there once.
+HOT_VIEWS: tuple[type[APIView], ...] = (
+    views.TransactionListView,
+    batch_views.PrepareBatchView,
+    batch_views.CommitBatchView,
+    batch_views.RollbackBatchView,
+    views.TransactionCommitView,
+    views.TransactionRollbackView,
+    views.TopicMessagesView,
+    batch_views.SendBatchView,
+    views.ReceiveView,
+    views.AckView,
+)
 
 
 @dataclass(frozen=True)
 class Route:
-    pattern: re.Pattern[str]
+    pattern: URLPattern  # api/urls.py's own: its converters turn the path's parts into kwargs
     view: type[APIView]
-    convert: Callable[[dict[str, str]], dict[str, Any]] = dict
-    allow: bytes = b""  # DRF's Allow header for the view, filled in below
-
-
-def _uuid_kwargs(kwargs: dict[str, str]) -> dict[str, Any]:
-    return {"transaction_id": uuid.UUID(kwargs["transaction_id"])}
-
-
-_ROUTES = [
-    Route(re.compile(r"/api/v1/transactions"), views.TransactionListView),
-    Route(re.compile(r"/api/v1/transactions:batch"), batch_views.PrepareBatchView),
-    Route(re.compile(r"/api/v1/transactions:commit"), batch_views.CommitBatchView),
-    Route(re.compile(r"/api/v1/transactions:rollback"), batch_views.RollbackBatchView),
-    Route(
-        re.compile(rf"/api/v1/transactions/(?P<transaction_id>{_UUID})/commit"),
-        views.TransactionCommitView,
-        _uuid_kwargs,
-    ),
-    Route(
-        re.compile(rf"/api/v1/transactions/(?P<transaction_id>{_UUID})/rollback"),
-        views.TransactionRollbackView,
-        _uuid_kwargs,
-    ),
-    Route(re.compile(rf"/api/v1/topics/(?P<topic>{_NAME})/messages"), views.TopicMessagesView),
-    Route(
-        re.compile(rf"/api/v1/topics/(?P<topic>{_NAME})/messages:batch"),
-        batch_views.SendBatchView,
-    ),
-    Route(re.compile(rf"/api/v1/consumer-groups/(?P<group>{_NAME})/receive"), views.ReceiveView),
-    Route(re.compile(rf"/api/v1/consumer-groups/(?P<group>{_NAME})/ack"), views.AckView),
-]
+    allow: bytes  # DRF's Allow header for the view
 
 
 def _allow(view_class: type[APIView]) -> bytes:
@@ -107,7 +88,24 @@ def _allow(view_class: type[APIView]) -> bytes:
     return ", ".join(view.allowed_methods).encode()
 
 
-_ROUTES = [Route(r.pattern, r.view, r.convert, _allow(r.view)) for r in _ROUTES]
+@functools.cache
+def _routes() -> tuple[str, tuple[Route, ...]]:
+    """The API's prefix in the root URLconf and the hot views' routes, from the URL tables
+    themselves (read once, at the first request, when the URLconf is importable)."""
+    prefix = next(
+        "/" + str(entry.pattern)
+        for entry in get_resolver().url_patterns
+        if isinstance(entry, URLResolver)
+        and getattr(entry.urlconf_module, "__name__", "") == api_urls.__name__
+    )
+    routes = tuple(
+        Route(entry, entry.callback.view_class, _allow(entry.callback.view_class))  # type: ignore[attr-defined]
+        for entry in api_urls.urlpatterns
+        if isinstance(entry, URLPattern)
+        and getattr(entry.callback, "view_class", None) in HOT_VIEWS
+    )
+    return prefix, routes
+
 
 _JSON_TYPES = frozenset({b"application/json", b"application/json; charset=utf-8"})
 _ACCEPTS_JSON = frozenset({b"*/*", b"application/json", b"application/*"})
@@ -169,10 +167,11 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
     if scheme not in ("http", "https"):
         return None
     path: str = scope.get("path", "")
-    if not path.startswith("/api/v1/"):
+    prefix, routes = _routes()
+    if not path.startswith(prefix):
         return None
-    for route in _ROUTES:
-        match = route.pattern.fullmatch(path)
+    for route in routes:
+        match = route.pattern.resolve(path[len(prefix) :])
         if match is not None:
             break
     else:
@@ -206,7 +205,7 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
         headers=CaseInsensitiveMapping(headers),
         data=data,
     )
-    return Call(route, route.convert(match.groupdict()), request, secure)
+    return Call(route, dict(match.kwargs), request, secure)
 
 
 def _is_secure(scheme: str, headers: dict[str, str]) -> bool:

@@ -139,8 +139,7 @@ class _Token(NamedTuple):
 
 
 def _token_by_hash(hashed: str) -> _Token | None:
-    # Plain SQL: this runs on every request the cache cannot answer, and the ORM would cost ~5x
-    # the CPU here.
+    # Plain SQL: this runs on every request the cache cannot answer (decision 0026).
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, name, scopes, revoked_at FROM broker_apitoken WHERE token_hash = %s",

@@ -123,7 +123,7 @@ def _receive_once(
     tags: frozenset[str] | None,
 ) -> tuple[list[Received], bool]:
     # Nothing there (the common answer to a consumer that polls): said by one read, without the
-    # row locks below, whose commit is a WAL flush (~10 ms here) per empty receive.
+    # row locks below, whose commit would be a WAL flush per empty receive (decision 0025).
     now = timezone.now()
     place = _receivable(group, topic, now)
     if not place.anything:
@@ -236,7 +236,7 @@ def _redeliver(
     return [Received(d, d.message) for d in deliveries]
 
 
-# Plain SQL from here to the end of _take_new: the hottest read path (issue 10, profiled).
+# Plain SQL from here to the end of _take_new: the hottest read path (decision 0025).
 _CURSORS_SQL = (
     "SELECT id, queue_id, next_offset FROM broker_consumercursor "
     "WHERE group_id = %s AND topic_id = %s ORDER BY queue_id FOR UPDATE SKIP LOCKED"
@@ -300,8 +300,8 @@ def _take_new(
             # Every queue is being read by another consumer of the group (its receive holds
             # the cursors for a few milliseconds): wait for one rather than answer nothing while
             # messages are there. Answering nothing would send this consumer to wait for a
-            # NOTIFY that no new message may ever send (measured: the second of two consumers
-            # then idled ~1 s a round). Same lock order (queue_id) as every receive: no deadlock.
+            # NOTIFY that no new message may ever send, until the fallback check. Same lock
+            # order (queue_id) as every receive: no deadlock.
             cursor.execute(_CURSORS_WAIT_SQL, [group.pk, topic.pk])
             # Then whatever else is free by now (the one we hold is ours to read again).
             cursor.execute(_CURSORS_SQL, [group.pk, topic.pk])

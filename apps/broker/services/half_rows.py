@@ -42,7 +42,7 @@ def lock_all(transaction_ids: list[uuid.UUID]) -> list[HalfMessage]:
         )
         found = cursor.fetchall()
     # A batch's halves mostly share one topic and group: each is loaded once, not once per row
-    # (building model instances was a sixth of a batch commit's web CPU, profiled).
+    # (decision 0025: no per-row ORM work on the hot path).
     shared: dict[tuple[type, Any], Any] = {}
     return [half_of(row, shared) for row in found]
 

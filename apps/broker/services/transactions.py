@@ -171,10 +171,9 @@ def transaction_prepare_batch(
 
 # Every half message of a prepare (one or a batch of 64) and its PREPARE op, in one statement:
 # one round trip, atomic without a transaction block of its own, and none of the ORM's per-row
-# work (bulk_create cost ~8 ms of CPU for 64 rows; this, ~1 ms). Composed of constants only.
-# One row of PREPARE_SQL's VALUES per half message: scalar parameters, each typed here. (Arrays
-# through unnest() cost psycopg a type search per list and per request: ~7 % of a prepare's web
-# CPU, profiled.)
+# work (decision 0025). Composed of constants only.
+# One row of PREPARE_SQL's VALUES per half message: scalar parameters, each typed here (arrays
+# through unnest() would cost psycopg a type search per list and per request).
 _PREPARED_ROW = (
     "(%s::varchar, %s::int, %s::varchar, %s::jsonb, %s::jsonb, %s::bytea, %s::bool, %s::uuid, "
     "%s::int, %s::timestamptz, %s::int, %s::timestamptz)"

@@ -434,18 +434,40 @@ def _hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> N
     delivery.last_received_at = now
 
 
+# The dead-letter rule, once: an in-flight delivery whose invisible time ran out and that used all
+# of its group's attempts moves to the group's dead-letter queue. A conditional UPDATE: a
+# concurrent ack or receive of the same row is re-checked by Postgres. `now` is the receive's
+# clock; the periodic scan passes none and Postgres' own is used (a worker's skewed clock must
+# not expire what a consumer still holds).
+_DEAD_LETTER_SQL = (
+    "UPDATE broker_delivery d SET state = %(dlq)s, "
+    "dlq_at = coalesce(%(now)s::timestamptz, statement_timestamp()) "
+    "FROM broker_consumergroup g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id "
+    "AND (%(topic)s::bigint IS NULL OR d.topic_id = %(topic)s::bigint) "
+    "AND d.state = %(inflight)s "
+    "AND d.invisible_until <= coalesce(%(now)s::timestamptz, statement_timestamp()) "
+    "AND d.attempts >= g.max_delivery_attempts"
+)
+
+
+def _dead_letter(group_ids: list[int], topic: Topic | None, now: datetime | None) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _DEAD_LETTER_SQL,
+            {
+                "dlq": DeliveryState.DLQ,
+                "inflight": DeliveryState.INFLIGHT,
+                "groups": group_ids,
+                "topic": None if topic is None else topic.pk,
+                "now": now,
+            },
+        )
+        return int(cursor.rowcount)
+
+
 def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: datetime) -> int:
-    """An expired message that used all its attempts goes to the group's dead-letter queue."""
-    exhausted = Delivery.objects.filter(
-        group=group,
-        state=DeliveryState.INFLIGHT,
-        invisible_until__lte=now,
-        attempts__gte=group.max_delivery_attempts,
-    )
-    if topic is not None:
-        exhausted = exhausted.filter(topic=topic)
-    # A conditional UPDATE: a concurrent ack or receive of the same row is re-checked by Postgres.
-    return exhausted.update(state=DeliveryState.DLQ, dlq_at=now)
+    """The group's exhausted messages (of `topic`) go to its dead-letter queue, by `now`."""
+    return _dead_letter([group.pk], topic, now)
 
 
 def deliveries_expire() -> int:
@@ -454,20 +476,11 @@ def deliveries_expire() -> int:
         "pk", flat=True
     )
     # The groups are read back first, each on its own if one cannot be (scans.py); then one UPDATE
-    # for all of them, which never reads a delivery's columns into Python. Postgres' clock: a
-    # worker's skewed one must not expire what a consumer still holds.
+    # for all of them, which never reads a delivery's columns into Python.
     groups = scans.load_rows(ConsumerGroup.objects.all(), ids, scan="deliveries_expire")
     if not groups:
         return 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE broker_delivery d SET state = %s, dlq_at = statement_timestamp() "
-            "FROM broker_consumergroup g WHERE g.id = ANY(%s) AND d.group_id = g.id "
-            "AND d.state = %s AND d.invisible_until <= statement_timestamp() "
-            "AND d.attempts >= g.max_delivery_attempts",
-            [DeliveryState.DLQ, [group.pk for group in groups], DeliveryState.INFLIGHT],
-        )
-        return int(cursor.rowcount)
+    return _dead_letter([group.pk for group in groups], None, None)
 
 
 # The handles name their deliveries' ids. The group's condition is served by its in-flight index at

@@ -16,7 +16,7 @@ from django.utils import timezone
 from apps.broker.services import (
     checkback,
     clients,
-    consuming,
+    dead_letters,
     delivery,
     idempotency,
     reconciliation,
@@ -88,7 +88,7 @@ def delayed_delivery_scan() -> int:
 @shared_task(acks_late=True)
 def deliveries_expire_scan() -> int:
     """Dead-letters exhausted in-flight messages even where no consumer is receiving."""
-    expired = consuming.deliveries_expire()
+    expired = dead_letters.deliveries_expire()
     _did("deliveries_expire_scan", dead_lettered=expired)
     return expired
 

@@ -1,7 +1,7 @@
 """Wake-ups for waiting consumers, one hub per ASGI web process (docs/decisions/0024).
 
 A message becomes receivable in one place (sending.next_queue_offset: send, commit, delayed
-delivery) plus a dead letter sent back (consuming.dlq_resend); both NOTIFY `txhub_receivable` in
+delivery) plus a dead letter sent back (dead_letters.dlq_resend); both NOTIFY `txhub_receivable` in
 their transaction, so Postgres delivers the notification when, and only if, it commits, to every
 process that listens: wake-ups cross processes.
 

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.broker import selectors
 from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Topic
-from apps.broker.services import callbacks, clients, consuming, credentials, registry
+from apps.broker.services import callbacks, clients, credentials, dead_letters, registry
 from apps.broker.services.audit import Origin, origin_of_request
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
@@ -311,7 +311,7 @@ def consumer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
 def dlq_resend(request: HttpRequest, name: str, msg_id: str) -> HttpResponse:
     group = selectors.consumer_group_get(name=name)
     try:
-        consuming.dlq_resend(group=group, msg_id=msg_id, origin=origin(request))
+        dead_letters.dlq_resend(group=group, msg_id=msg_id, origin=origin(request))
         messages.success(request, f"{msg_id} is back in {name}'s queue, with fresh attempts.")
     except BrokerError as error:
         messages.warning(request, f"Nothing done: {error.message}")

@@ -266,7 +266,7 @@ def test_every_door_names_who_calls_an_audited_service() -> None:
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             owner = node.func.value
-            if not isinstance(owner, ast.Name) or owner.id not in {"registry", "consuming"}:
+            if not isinstance(owner, ast.Name) or owner.id not in {"registry", "dead_letters"}:
                 continue
             if node.func.attr in AUDITED:
                 calls += 1

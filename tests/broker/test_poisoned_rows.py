@@ -19,7 +19,7 @@ from apps.broker.models import (
     Delivery,
     HalfMessage,
 )
-from apps.broker.services import checkback, consuming, delivery, registry
+from apps.broker.services import checkback, consuming, dead_letters, delivery, registry
 from tests.broker.test_checkback import make_group, prepare
 from tests.helpers import expect
 
@@ -145,7 +145,7 @@ def test_deliveries_expire_dead_letters_other_groups_beside_a_poisoned_group(
     poison("broker_consumergroup", "created_at", broken.pk)
     before = failed("deliveries_expire")
 
-    assert consuming.deliveries_expire() == 1
+    assert dead_letters.deliveries_expire() == 1
     assert Delivery.objects.get().state == "DLQ"
     assert logged(caplog, "deliveries_expire", broken.pk) == 1
     assert failed("deliveries_expire") == before + 1

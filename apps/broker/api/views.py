@@ -26,6 +26,7 @@ from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Res
 from apps.broker.services import (
     consuming,
     credentials,
+    dead_letters,
     delivery,
     idempotency,
     registry,
@@ -572,7 +573,7 @@ class DlqListView(APIView):
 class DlqResendView(APIView):
     @extend_schema(request=None, responses={200: output.DeliveryOut})
     def post(self, request: Request, group: str, msg_id: str) -> Response:
-        delivery = consuming.dlq_resend(
+        delivery = dead_letters.dlq_resend(
             group=consumer_group(request, group), msg_id=msg_id, origin=origin(request)
         )
         return Response(output.DeliveryOut(delivery).data)

@@ -30,7 +30,7 @@ from apps.broker.grpc.resources import (
     consumer_group_of,
     topic_of,
 )
-from apps.broker.services import consuming
+from apps.broker.services import consuming, dead_letters
 from apps.broker.services.errors import BrokerError
 
 # The REST door's bounds (CONTRACT section 3): receive batch and invisible time.
@@ -191,7 +191,7 @@ class ConsumerRpcs:
         group, topic = await db(consumed_topic_of, caller, request.group.name, request.topic.name)
         try:
             await db(
-                consuming.message_dead_letter,
+                dead_letters.message_dead_letter,
                 group=group,
                 topic=topic,
                 receipt_handle=request.receipt_handle,

@@ -2,7 +2,6 @@
 invisible time, dead-letter queue and resend. At least once per consumer group."""
 
 import random
-import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -10,12 +9,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from apps.broker import failpoints, rows
 from apps.broker.models import (
-    AuditAction,
     CommitLogEntry,
     ConsumeFrom,
     ConsumerCursor,
@@ -25,10 +22,8 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
-from apps.broker.services import scans
-from apps.broker.services.audit import SYSTEM, Origin, audit_record
-from apps.broker.services.errors import NotFound, invalid
-from apps.broker.services.sending import notify_receivable
+from apps.broker.services import dead_letters, handles
+from apps.broker.services.errors import invalid
 
 
 @dataclass(frozen=True)
@@ -38,24 +33,7 @@ class Received:
 
     @property
     def receipt_handle(self) -> str:
-        return receipt_handle_of(self.delivery)
-
-
-def receipt_handle_of(delivery: Delivery) -> str:
-    return f"{delivery.pk}.{delivery.handle_token}"
-
-
-# "<delivery id>.<token>": the id in ASCII digits that fit bigint (isdigit() would take "²"),
-# the token as issued (secrets.token_hex). Anything else is an invalid handle, never a query.
-_HANDLE_RE = re.compile(r"([0-9]{1,19})\.([0-9a-f]{1,32})")
-_MAX_BIGINT = 2**63 - 1
-
-
-def _parse_handle(handle: str) -> tuple[int, str] | None:
-    match = _HANDLE_RE.fullmatch(handle)
-    if match is None or int(match[1]) > _MAX_BIGINT:
-        return None
-    return int(match[1]), match[2]
+        return handles.receipt_handle_of(self.delivery)
 
 
 def message_receive(
@@ -214,7 +192,7 @@ def _redeliver(
     tags: frozenset[str] | None,
     now: datetime,
 ) -> list[Received]:
-    _dead_letter_exhausted(group=group, topic=topic, now=now)
+    dead_letters.dead_letter_exhausted(group=group, topic=topic, now=now)
     due = Delivery.objects.filter(
         group=group, topic=topic, state=DeliveryState.INFLIGHT, invisible_until__lte=now
     )
@@ -434,69 +412,18 @@ def _hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> N
     delivery.last_received_at = now
 
 
-# The dead-letter rule, once: an in-flight delivery whose invisible time ran out and that used all
-# of its group's attempts moves to the group's dead-letter queue. A conditional UPDATE: a
-# concurrent ack or receive of the same row is re-checked by Postgres. `now` is the receive's
-# clock; the periodic scan passes none and Postgres' own is used (a worker's skewed clock must
-# not expire what a consumer still holds).
-_DEAD_LETTER_SQL = (
-    "UPDATE broker_delivery d SET state = %(dlq)s, "
-    "dlq_at = coalesce(%(now)s::timestamptz, statement_timestamp()) "
-    "FROM broker_consumergroup g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id "
-    "AND (%(topic)s::bigint IS NULL OR d.topic_id = %(topic)s::bigint) "
-    "AND d.state = %(inflight)s "
-    "AND d.invisible_until <= coalesce(%(now)s::timestamptz, statement_timestamp()) "
-    "AND d.attempts >= g.max_delivery_attempts"
-)
-
-
-def _dead_letter(group_ids: list[int], topic: Topic | None, now: datetime | None) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _DEAD_LETTER_SQL,
-            {
-                "dlq": DeliveryState.DLQ,
-                "inflight": DeliveryState.INFLIGHT,
-                "groups": group_ids,
-                "topic": None if topic is None else topic.pk,
-                "now": now,
-            },
-        )
-        return int(cursor.rowcount)
-
-
-def _dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: datetime) -> int:
-    """The group's exhausted messages (of `topic`) go to its dead-letter queue, by `now`."""
-    return _dead_letter([group.pk], topic, now)
-
-
-def deliveries_expire() -> int:
-    """Periodic: dead-letter every exhausted message, even in groups nobody receives from now."""
-    ids = ConsumerGroup.objects.exclude(pk__in=scans.skipped("deliveries_expire")).values_list(
-        "pk", flat=True
-    )
-    # The groups are read back first, each on its own if one cannot be (scans.py); then one UPDATE
-    # for all of them, which never reads a delivery's columns into Python.
-    groups = scans.load_rows(ConsumerGroup.objects.all(), ids, scan="deliveries_expire")
-    if not groups:
-        return 0
-    return _dead_letter([group.pk for group in groups], None, None)
-
-
 # The handles name their deliveries' ids. The group's condition is served by its in-flight index at
 # most (what the group holds now), never by an index with the group's whole history: there is
 # none (decision 0030).
 _ACK_SQL = (
-    "UPDATE broker_delivery SET state = %s, acked_at = %s "
-    "WHERE group_id = %s AND state = %s AND invisible_until > %s "
-    "AND (id, handle_token) IN (SELECT * FROM unnest(%s::bigint[], %s::text[])) "
-    "RETURNING id, handle_token"
+    "UPDATE broker_delivery SET state = %(acked)s, acked_at = %(now)s "  # noqa: S608 - constants
+    f"WHERE {handles.LIVE_SQL} RETURNING id, handle_token"
 )
 
 
 def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:
     """Returns (acked, invalid). An expired, reused or unknown handle is invalid, never an error."""
-    parsed = {handle: _parse_handle(handle) for handle in receipt_handles}
+    parsed = {handle: handles.parse_handle(handle) for handle in receipt_handles}
     pairs = [p for p in parsed.values() if p is not None]
     acked_pairs: set[tuple[int, str]] = set()
     if pairs:
@@ -505,15 +432,14 @@ def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[li
         with connection.cursor() as cursor:
             cursor.execute(
                 _ACK_SQL,
-                [
-                    DeliveryState.ACKED,
-                    timezone.now(),
-                    group.pk,
-                    DeliveryState.INFLIGHT,
-                    timezone.now(),
-                    [p[0] for p in pairs],
-                    [p[1] for p in pairs],
-                ],
+                {
+                    "acked": DeliveryState.ACKED,
+                    "now": timezone.now(),
+                    "group": group.pk,
+                    "inflight": DeliveryState.INFLIGHT,
+                    "ids": [p[0] for p in pairs],
+                    "tokens": [p[1] for p in pairs],
+                },
             )
             acked_pairs = {(row[0], row[1]) for row in cursor.fetchall()}
         if failpoints.ARMED:
@@ -528,77 +454,16 @@ def message_change_invisible(
     *, group: ConsumerGroup, receipt_handle: str, invisible_seconds: int
 ) -> Received:
     now = timezone.now()
-    parsed = _parse_handle(receipt_handle)
-    delivery = None
-    if parsed is not None:
-        # Lock: an ack or a redelivery racing with this change sees either the old or new handle.
-        delivery = (
-            Delivery.objects.select_for_update(of=("self",))
-            .select_related("message")
-            .filter(
-                pk=parsed[0],
-                handle_token=parsed[1],
-                group=group,
-                state=DeliveryState.INFLIGHT,
-                invisible_until__gt=now,
-            )
-            .first()
-        )
+    # Lock: an ack or a redelivery racing with this change sees either the old or new handle.
+    delivery = (
+        handles.live(group=group, handle=receipt_handle, now=now)
+        .select_for_update(of=("self",))
+        .select_related("message")
+        .first()
+    )
     if delivery is None:
         raise invalid("receipt_handle", "The receipt handle is expired or unknown.")
     delivery.invisible_until = now + timedelta(seconds=invisible_seconds)
     delivery.handle_token = secrets.token_hex(12)
     delivery.save(update_fields=["invisible_until", "handle_token"])
     return Received(delivery, delivery.message)
-
-
-def message_dead_letter(
-    *, group: ConsumerGroup, receipt_handle: str, topic: Topic | None = None
-) -> Delivery:
-    """Moves a message its consumer gives up on (RocketMQ's ForwardMessageToDeadLetterQueue)
-    into the group's dead-letter queue at once: the DLQ that `dlq_list` shows (REST, console)
-    and `dlq_resend` empties, the same one exhausted deliveries reach on expiry."""
-    now = timezone.now()
-    parsed = _parse_handle(receipt_handle)
-    delivery = None
-    if parsed is not None:
-        held = Delivery.objects.filter(
-            pk=parsed[0],
-            handle_token=parsed[1],
-            group=group,
-            state=DeliveryState.INFLIGHT,
-            invisible_until__gt=now,
-        )
-        if topic is not None:
-            held = held.filter(topic=topic)
-        # A conditional UPDATE: a concurrent ack, change or redelivery of the row is re-checked
-        # by Postgres under its row lock, so exactly one of them wins.
-        if held.update(state=DeliveryState.DLQ, dlq_at=now):
-            delivery = Delivery.objects.select_related("message").get(pk=parsed[0])
-    if delivery is None:
-        raise invalid("receipt_handle", "The receipt handle is expired or unknown.")
-    return delivery
-
-
-@transaction.atomic
-def dlq_resend(*, group: ConsumerGroup, msg_id: str, origin: Origin = SYSTEM) -> Delivery:
-    """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
-    now = timezone.now()
-    updated = Delivery.objects.filter(
-        Q(message__msg_id=msg_id), group=group, state=DeliveryState.DLQ
-    ).update(
-        state=DeliveryState.INFLIGHT,
-        attempts=0,
-        invisible_until=now,
-        handle_token=secrets.token_hex(12),
-        dlq_at=None,
-    )
-    if not updated:
-        raise NotFound(f"Message {msg_id} is not in the dead-letter queue of {group.name}.")
-    delivery = Delivery.objects.get(group=group, message__msg_id=msg_id)
-    audit_record(
-        action=AuditAction.DLQ_RESEND, origin=origin, target=group.name, detail={"msg_id": msg_id}
-    )
-    # Receivable now: a consumer of the group waiting on the topic is woken at our commit.
-    notify_receivable(topic_id=delivery.topic_id, what=f"resend {msg_id}")
-    return delivery

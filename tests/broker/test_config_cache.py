@@ -17,7 +17,7 @@ from apps.broker import config_cache, selectors
 from apps.broker.models import ApiToken, ConsumerGroup
 from apps.broker.services import registry
 from tests.conftest import free_port
-from tests.helpers import assert_error, expect
+from tests.support.responses import assert_error, expect
 
 CONFIG_TABLES = (
     "broker_apitoken",

@@ -20,7 +20,7 @@ from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
 from tests.broker.test_checkback import make_group, prepare, result
 from tests.conftest import ROOT, Server, free_port, start_gunicorn
-from tests.helpers import expect
+from tests.support.responses import expect
 
 PRODUCER = Actor(Resolver.PRODUCER, "test")
 

@@ -21,7 +21,7 @@ from apps.broker.models import (
 )
 from apps.broker.services import checkback, consuming, delivery, registry
 from tests.broker.test_checkback import make_group, prepare
-from tests.helpers import expect
+from tests.support.responses import expect
 
 POISON = "0001-01-01 00:00:00+01"  # stored by Postgres, unreadable by psycopg (year 0 in UTC)
 

@@ -32,7 +32,7 @@ from txhub_client import (
 from apps.broker.models import HalfMessage
 from apps.broker.services import callbacks
 from tests.conftest import Server, db_url_for_tests
-from tests.helpers import expect
+from tests.support.responses import expect
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord
 from tests.e2e.conftest import wait_until
-from tests.helpers import expect
+from tests.support.responses import expect
 
 pytestmark = pytest.mark.e2e
 

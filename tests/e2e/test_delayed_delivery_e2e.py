@@ -10,7 +10,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from tests.e2e.conftest import wait_until
-from tests.helpers import expect
+from tests.support.responses import expect
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord
 from tests.e2e.conftest import wait_until
-from tests.helpers import expect
 from tests.hostile import HostileEndpoint
+from tests.support.responses import expect
 
 pytestmark = pytest.mark.e2e
 

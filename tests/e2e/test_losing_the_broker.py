@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
 from tests.e2e.conftest import PrivateRedis, wait_until
-from tests.helpers import expect
+from tests.support.responses import expect
 
 # An outage of 20 s, then up to 90 + 30 s of recovery: more than the suite's 300 s bound allows
 # for on a busy machine.

@@ -19,7 +19,8 @@ from apps.broker.services import checkback, consuming, delivery, registry, sendi
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
 from tests.broker.test_checkback import make_group, prepare, result
-from tests.conftest import ROOT, Server, free_port, start_gunicorn
+from tests.conftest import ROOT, Server, start_gunicorn
+from tests.support.ports import free_port
 from tests.support.responses import expect
 
 PRODUCER = Actor(Resolver.PRODUCER, "test")

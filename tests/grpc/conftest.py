@@ -17,8 +17,9 @@ from rocketmq import ClientConfiguration, Credentials
 from rocketmq.v5.util.signature import Signature
 
 from apps.broker.services import credentials, registry
-from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
+from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import FAST, TEST_BROKER_URL, Celery
+from tests.support.ports import free_port
 
 
 def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> Any:

@@ -19,9 +19,10 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
 from apps.broker.services import checkback, clients
 from tests.conftest import ROOT
-from tests.e2e.conftest import TEST_BROKER_URL, wait_until
+from tests.e2e.conftest import TEST_BROKER_URL
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.grpc.test_push_consumer import signed
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

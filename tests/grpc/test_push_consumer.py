@@ -17,9 +17,9 @@ from rocketmq.v5.util.signature import Signature
 
 from apps.broker.models import Delivery
 from tests.conftest import client_for
-from tests.e2e.conftest import wait_until
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.grpc.test_python_client import clients, config, message, start
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 __all__ = ["clients"]  # the fixture, imported for this module

@@ -26,8 +26,8 @@ from rocketmq.v5.util.signature import Signature
 from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
 from tests.conftest import client_for
-from tests.e2e.conftest import wait_until
 from tests.grpc.conftest import GrpcServer, Setup
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

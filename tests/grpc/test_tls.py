@@ -11,9 +11,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from tests.conftest import free_port
 from tests.grpc.conftest import GrpcServer, start_grpc, stop
 from tests.grpc.test_push_consumer import signed
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,8 @@ from rest_framework.test import APIClient
 
 from apps.broker.api.throttling import TokenRateThrottle
 from apps.broker.services import registry
-from tests.conftest import free_port, start_gunicorn
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

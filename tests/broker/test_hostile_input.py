@@ -15,6 +15,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.api.errors import MAX_ERROR_BYTES
+from tests.support.console import login
 from tests.support.responses import assert_error
 
 GOOD = {"producer_group": "order-service", "body": "hello"}
@@ -157,8 +158,6 @@ def test_a_well_formed_path_parameter_reaches_the_routes_view(
     ],
 )
 def test_a_hostile_console_path_is_a_404(world: Callable[[], None], path: str) -> None:
-    from tests.console.test_console_views import login
-
     client = login("superuser", "sue")
     assert client.get(path).status_code == 404
     assert client.post(path, {"reason": "x", "confirm": "on"}).status_code == 404
@@ -229,8 +228,6 @@ def test_a_hostile_string_in_the_transaction_list_query_is_400(
 def test_a_hostile_number_in_the_console_filter_is_never_a_server_error(
     world: Callable[[], None], field: str, what: str
 ) -> None:
-    from tests.console.test_console_views import login
-
     response = login("txhub-viewers", "vera").get(
         "/console/transactions/", {field: BAD_NUMBERS[what]}
     )
@@ -685,8 +682,6 @@ CONSOLE_WRITES = [
 def test_a_hostile_check_url_in_the_console_is_a_form_error(
     world: Callable[[], None], path: str, form: dict[str, str], what: str
 ) -> None:
-    from tests.console.test_console_views import login
-
     data = {key: value.replace("{}", URLS[what]) for key, value in form.items()}
     response = login("txhub-operators", "otto").post(path, data)
     assert response.status_code == 200
@@ -699,8 +694,6 @@ def test_a_hostile_check_url_in_the_console_is_a_form_error(
 def test_a_hostile_name_in_the_console_is_a_form_error(
     world: Callable[[], None], name: str
 ) -> None:
-    from tests.console.test_console_views import login
-
     otto = login("txhub-operators", "otto")
     for path, data in (
         ("/console/topics/new/", {"name": name, "queues": "2"}),

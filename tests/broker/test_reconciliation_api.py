@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from apps.broker import tasks
 from apps.broker.models import ReconciliationFinding, ReconciliationRun, RunStatus
-from tests.console.test_console_views import login
+from tests.support.console import login
 from tests.support.responses import assert_error, expect
 
 

@@ -17,14 +17,14 @@ from pyspark.sql import SparkSession
 
 from apps.broker.models import ReconciliationRun, RunStatus
 from tests.conftest import ROOT
-from tests.spark_jobs.test_reconcile_job import (
+from tests.support.ports import free_port
+from tests.support.reconciliation import (
     MAX_PENDING_AGE,
     Shop,
     found,
     inject_one_of_each,
     run_job,
 )
-from tests.support.ports import free_port
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 # A master, a worker and spark-submit's own JVM start here: slower than the suite's 300 s bound

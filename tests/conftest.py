@@ -6,7 +6,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache
 from apps.broker.api import failed_auth
 from apps.broker.services import registry
+from tests.support.ports import free_port
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
 # same default when pytest runs directly, for this process (whose settings are already loaded)
@@ -32,12 +32,6 @@ if "TXHUB_ALLOW_HTTP_CALLBACKS" not in os.environ:
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(autouse=True)

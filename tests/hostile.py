@@ -4,7 +4,6 @@ the requests it got and the bytes it managed to send."""
 
 import contextlib
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -90,12 +89,3 @@ class HostileEndpoint:
         self.stopped.set()
         self.server.shutdown()
         self.server.server_close()
-
-
-def wait_for(predicate: Any, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    return predicate()

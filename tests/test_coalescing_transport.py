@@ -8,7 +8,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tests.e2e.test_one_write_per_answer import data_segments_in
+from tests.support.tcp import data_segments_in
 from txhub.worker import KEEP_AT_MOST, CoalescingTransport
 
 

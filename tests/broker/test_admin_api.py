@@ -6,7 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import MessageQueue, ProducerGroup
-from tests.helpers import assert_error, expect
+from tests.support.responses import assert_error, expect
 
 
 def test_a_topic_is_created_with_its_queues(api: APIClient) -> None:

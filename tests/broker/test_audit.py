@@ -23,7 +23,7 @@ from apps.broker.models import (
 )
 from apps.broker.services import consuming, registry
 from apps.broker.services.sending import OutgoingMessage, message_send
-from tests.helpers import assert_error
+from tests.support.responses import assert_error
 
 FROM = "203.0.113.7"  # TEST-NET-3: the address the API client claims to come from
 ROOT = Path(__file__).resolve().parents[2]

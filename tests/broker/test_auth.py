@@ -7,7 +7,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage
-from tests.helpers import assert_error, expect
+from tests.support.responses import assert_error, expect
 
 
 def test_no_token_is_401_in_the_contract_format(db: None) -> None:

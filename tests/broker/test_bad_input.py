@@ -8,7 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, ConsumerGroup, HalfMessage, OpRecord, Topic
-from tests.helpers import assert_error
+from tests.support.responses import assert_error
 
 MIB4 = 4 * 1024 * 1024
 GOOD = {"producer_group": "order-service", "body": "hello"}
@@ -78,15 +78,6 @@ def assert_nothing_stored() -> None:
     assert CommitLogEntry.objects.count() == 0
 
 
-def assert_error_format(response: Any, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.content[:300]
-    assert response["Content-Type"] == "application/json"
-    error = response.json()["error"]
-    assert set(error) == {"code", "message", "details"}
-    assert error["message"]
-    return dict(error)
-
-
 @pytest.mark.parametrize(("name", "changes", "status", "field"), CASES, ids=[c[0] for c in CASES])
 def test_bad_message_is_refused_and_stores_nothing(
     api: APIClient, setup_topic: Any, name: str, changes: dict[str, Any], status: int, field: str
@@ -97,8 +88,9 @@ def test_bad_message_is_refused_and_stores_nothing(
         ("/api/v1/transactions", {"topic": "orders"}),
     ):
         response = api.post(path, {**message_with(changes), **extra}, format="json")
-        error = assert_error_format(response, status)
-        assert error["code"] == ("payload_too_large" if status == 413 else "invalid_request")
+        error = assert_error(
+            response, status, "payload_too_large" if status == 413 else "invalid_request"
+        )
         if field:
             assert field in error["details"], error
     assert_nothing_stored()
@@ -132,16 +124,16 @@ def test_a_text_body_that_is_not_utf8_is_400(api: APIClient, setup_topic: Any) -
     response = api.generic(
         "POST", "/api/v1/topics/orders/messages", raw, content_type="application/json"
     )
-    assert "body" in assert_error_format(response, 400)["details"]
+    assert "body" in assert_error(response, 400, "invalid_request")["details"]
     assert_nothing_stored()
 
 
 def test_an_unknown_topic_is_404_and_stores_nothing(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
     response = api.post("/api/v1/topics/nope/messages", GOOD, format="json")
-    assert assert_error_format(response, 404)["code"] == "not_found"
+    assert_error(response, 404, "not_found")
     response = api.post("/api/v1/transactions", {**GOOD, "topic": "nope"}, format="json")
-    assert assert_error_format(response, 404)["code"] == "not_found"
+    assert_error(response, 404, "not_found")
     assert_nothing_stored()
 
 
@@ -154,7 +146,7 @@ def test_an_unknown_producer_group_is_404_and_stores_nothing(
         {**GOOD, "topic": "orders", "producer_group": "ghost"},
         format="json",
     )
-    assert assert_error_format(response, 404)["code"] == "not_found"
+    assert_error(response, 404, "not_found")
     assert_nothing_stored()
 
 
@@ -172,7 +164,7 @@ def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) ->
     response = api.generic(
         "POST", "/api/v1/topics/orders/messages", huge, content_type="application/json"
     )
-    assert assert_error_format(response, 413)["code"] == "payload_too_large"
+    assert_error(response, 413, "payload_too_large")
     assert_nothing_stored()
 
 
@@ -206,7 +198,7 @@ def test_bad_administration_input_is_400_and_stores_nothing(
 ) -> None:
     tokens_before = api.get("/api/v1/tokens").json()
     response = api.post(path, payload, format="json")
-    error = assert_error_format(response, 400)
+    error = assert_error(response, 400, "invalid_request")
     assert field in error["details"]
     assert Topic.objects.count() == 0
     assert ConsumerGroup.objects.count() == 0
@@ -231,12 +223,12 @@ def test_bad_receive_input_is_400(
 ) -> None:
     setup_topic()
     response = api.post("/api/v1/consumer-groups/billing/receive", payload, format="json")
-    assert field in assert_error_format(response, 400)["details"]
+    assert field in assert_error(response, 400, "invalid_request")["details"]
 
 
 def test_an_unknown_api_path_is_a_json_404(api: APIClient) -> None:
     response = api.get("/api/v1/no-such-thing")
-    assert assert_error_format(response, 404)["code"] == "not_found"
+    assert_error(response, 404, "not_found")
 
 
 def test_a_wrong_method_answers_in_the_contract_format(api: APIClient) -> None:

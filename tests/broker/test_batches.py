@@ -12,7 +12,8 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
 from tests.conftest import Server
-from tests.helpers import assert_error, commit_written, expect
+from tests.support.responses import assert_error, expect
+from tests.support.transactions import commit_written
 
 SEND = "/api/v1/topics/orders/messages:batch"
 

@@ -10,35 +10,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.models import HalfMessage, OpRecord
 from apps.broker.services import callbacks, checkback, registry, transactions
-from apps.broker.services.callbacks import CheckResult
-from apps.broker.services.sending import OutgoingMessage
-from apps.broker.services.transactions import Actor
 from tests.checker import verify
-
-PRODUCER = Actor(Resolver.PRODUCER, "test")
-
-
-def make_group(url: str = "http://127.0.0.1:9/check", name: str = "shop") -> Any:
-    return registry.producer_group_create(name=name, check_url=url)
-
-
-def prepare(group: Any, topic: Any, **extra: Any) -> HalfMessage:
-    message = OutgoingMessage(producer_group=group.name, body=b"order 9527", body_is_binary=False)
-    return transactions.transaction_prepare(
-        producer_group=group, topic=topic, message=message, actor=PRODUCER, **extra
-    )
-
-
-def make_due(*halves: HalfMessage) -> None:
-    HalfMessage.objects.filter(pk__in=[h.pk for h in halves]).update(
-        next_check_at=timezone.now() - timedelta(seconds=1)
-    )
-
-
-def result(answer: str, reached: bool = True) -> CheckResult:
-    return CheckResult(answer, reached, 200 if reached else None, "", 5, "msg_test")
+from tests.support.transactions import PRODUCER, make_due, make_group, prepare, result
 
 
 def test_the_first_check_waits_for_the_timeout_and_immunity_raises_it(

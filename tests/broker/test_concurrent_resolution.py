@@ -9,7 +9,7 @@ import requests
 
 from apps.broker.models import CommitLogEntry, HalfMessage, OpRecord
 from tests.conftest import Server
-from tests.helpers import assert_error, expect
+from tests.support.responses import assert_error, expect
 
 N = 32
 

@@ -16,8 +16,8 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache, selectors
 from apps.broker.models import ApiToken, ConsumerGroup
 from apps.broker.services import registry
-from tests.conftest import free_port
-from tests.helpers import assert_error, expect
+from tests.support.ports import free_port
+from tests.support.responses import assert_error, expect
 
 CONFIG_TABLES = (
     "broker_apitoken",

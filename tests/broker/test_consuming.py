@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.models import Delivery
-from tests.helpers import assert_error, expect
+from tests.support.responses import assert_error, expect
 
 
 def send(

@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 from apps.broker.models import HalfMessage, OpRecord, ProducerGroup
 from apps.broker.services import callbacks, checkback, registry
 from apps.broker.services.errors import CallbackRefused
-from tests.broker.test_checkback import make_due, make_group, prepare
 from tests.hostile import FIFTY_MB, HostileEndpoint
+from tests.support.console import login
+from tests.support.transactions import make_due, make_group, prepare
 
 TIMEOUT = 1.0
 SLACK = 3.0  # a generous bound: the call ends at the deadline, plus a busy machine's delays
@@ -253,8 +254,6 @@ def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(
 
 
 def test_the_console_refuses_an_http_check_url_on_the_form(db: None, settings: Any) -> None:
-    from tests.console.test_console_views import login
-
     registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/check")
     settings.TXHUB_ALLOW_HTTP_CALLBACKS = False
     otto = login("txhub-operators", "otto")

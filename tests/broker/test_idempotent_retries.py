@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, HalfMessage, IdempotencyKey, OpRecord
 from apps.broker.services import idempotency, registry
-from tests.broker.test_bad_input import assert_error_format
+from tests.support.responses import assert_error
 
 SEND = "/api/v1/topics/orders/messages"
 MESSAGE = {"producer_group": "order-service", "body": "order 9527 created", "keys": ["9527"]}
@@ -68,12 +68,11 @@ def test_the_same_key_with_another_request_is_409_and_stores_nothing(
     setup_topic()
     assert post(api, SEND, MESSAGE, "k1").status_code == 201
     response = post(api, SEND, {**MESSAGE, "body": "order 9528 created"}, "k1")
-    error = assert_error_format(response, 409)
-    assert error["code"] == "conflict"
+    error = assert_error(response, 409, "conflict")
     assert "Idempotency-Key" in error["message"]
     assert error["details"] == {"idempotency_key": "k1"}
     # The same key on the other endpoint is another request too.
-    assert_error_format(post(api, "/api/v1/transactions", PREPARE, "k1"), 409)
+    assert_error(post(api, "/api/v1/transactions", PREPARE, "k1"), 409, "conflict")
     assert CommitLogEntry.objects.count() == 1
     assert HalfMessage.objects.count() == 0
 
@@ -84,7 +83,7 @@ def test_a_malformed_key_is_400_and_stores_nothing(
 ) -> None:
     setup_topic()
     for path, payload in ((SEND, MESSAGE), ("/api/v1/transactions", PREPARE)):
-        error = assert_error_format(post(api, path, payload, key), 400)
+        error = assert_error(post(api, path, payload, key), 400, "invalid_request")
         assert "Idempotency-Key" in error["details"]
     assert CommitLogEntry.objects.count() == 0
     assert HalfMessage.objects.count() == 0
@@ -103,7 +102,7 @@ def test_keys_belong_to_their_producer_group(api: APIClient, setup_topic: Any) -
 def test_a_refused_request_keeps_no_key_so_its_retry_runs(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
     missing = post(api, "/api/v1/topics/later/messages", MESSAGE, "k1")
-    assert assert_error_format(missing, 404)["code"] == "not_found"
+    assert_error(missing, 404, "not_found")
     assert IdempotencyKey.objects.count() == 0
     assert api.post("/api/v1/topics", {"name": "later"}, format="json").status_code == 201
     retried = post(api, "/api/v1/topics/later/messages", MESSAGE, "k1")

@@ -27,8 +27,9 @@ import pytest
 
 from apps.broker.api import lean
 from apps.broker.services import registry
-from tests.conftest import ROOT, db_url_for_tests, free_port, start_gunicorn
+from tests.conftest import ROOT, db_url_for_tests, start_gunicorn
 from tests.support.listening import database_now, hub_listening
+from tests.support.ports import free_port
 
 PREFIX = "/api/v1"
 

@@ -22,7 +22,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services import consuming
-from tests.helpers import expect
+from tests.support.responses import expect
 
 
 def _fields(instance: Any) -> dict[str, Any]:

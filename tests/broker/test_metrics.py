@@ -18,11 +18,10 @@ from apps.broker.models import Delivery, DeliveryState, HalfMessage, Resolver, T
 from apps.broker.services import checkback, consuming, delivery, registry, sending, transactions
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
-from tests.broker.test_checkback import make_group, prepare, result
-from tests.conftest import ROOT, Server, free_port, start_gunicorn
-from tests.helpers import expect
-
-PRODUCER = Actor(Resolver.PRODUCER, "test")
+from tests.conftest import ROOT, Server, start_gunicorn
+from tests.support.ports import free_port
+from tests.support.responses import expect
+from tests.support.transactions import PRODUCER, make_group, prepare, result
 
 
 @pytest.fixture(autouse=True)

@@ -20,8 +20,8 @@ from apps.broker.models import (
     HalfMessage,
 )
 from apps.broker.services import checkback, consuming, dead_letters, delivery, registry
-from tests.broker.test_checkback import make_group, prepare
-from tests.helpers import expect
+from tests.support.responses import expect
+from tests.support.transactions import PRODUCER, make_group, prepare
 
 POISON = "0001-01-01 00:00:00+01"  # stored by Postgres, unreadable by psycopg (year 0 in UTC)
 
@@ -135,7 +135,6 @@ def test_deliveries_expire_dead_letters_other_groups_beside_a_poisoned_group(
         name="billing", max_delivery_attempts=1, consume_from="first"
     )
     from apps.broker.services import transactions
-    from tests.broker.test_checkback import PRODUCER
 
     half = prepare(group, topic)
     transactions.transaction_commit(transaction_id=half.transaction_id, actor=PRODUCER)
@@ -153,7 +152,6 @@ def test_deliveries_expire_dead_letters_other_groups_beside_a_poisoned_group(
 
 def test_retention_deletes_a_poisoned_row_like_any_other(db: None) -> None:
     from apps.broker.services import transactions
-    from tests.broker.test_checkback import PRODUCER
 
     topic = registry.topic_create(name="orders", queues=1)
     group = make_group()

@@ -11,8 +11,8 @@ from rest_framework.test import APIClient
 
 from apps.broker import tasks
 from apps.broker.models import ReconciliationFinding, ReconciliationRun, RunStatus
-from tests.console.test_console_views import login
-from tests.helpers import assert_error, expect
+from tests.support.console import login
+from tests.support.responses import assert_error, expect
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from rest_framework.test import APIClient
 from apps.broker.models import CommitLogEntry, OpRecord, Resolver
 from apps.broker.services import transactions
 from apps.broker.services.transactions import Actor
-from tests.helpers import assert_error, commit_written, expect
+from tests.support.responses import assert_error, expect
+from tests.support.transactions import commit_written
 
 
 def prepare(api: APIClient, names: dict[str, Any], **extra: Any) -> dict[str, Any]:

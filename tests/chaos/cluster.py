@@ -6,7 +6,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,11 @@ from typing import Any
 import psycopg
 import requests
 
+from tests.support.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG_OS_USER = os.environ.get("TXHUB_PG_OS_USER", "txhub-pg")  # Postgres refuses to run as root
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pg_bin() -> Path:

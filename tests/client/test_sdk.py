@@ -32,38 +32,8 @@ from txhub_client import (
 from apps.broker.models import HalfMessage
 from apps.broker.services import callbacks
 from tests.conftest import Server, db_url_for_tests
-from tests.helpers import expect
-
-
-@pytest.fixture
-def shop(server: Server) -> dict[str, Any]:
-    admin = server.token("admin")
-    s = requests.Session()
-    s.headers.update(admin)
-    expect(s.post(server.url("/api/v1/topics"), json={"name": "orders", "queues": 2}), 201)
-    group = expect(
-        s.post(
-            server.url("/api/v1/producer-groups"),
-            json={"name": "shop", "check_url": "http://127.0.0.1:9/"},
-        ),
-        201,
-    )
-    expect(s.post(server.url("/api/v1/consumer-groups"), json={"name": "billing"}), 201)
-    token = server.token("produce:shop", "consume:billing")["Authorization"].split()[1]
-    return {"url": server.base, "token": token, "secret": group["signing_secret"]}
-
-
-class Listener:
-    def __init__(self, decide: Any) -> None:
-        self.decide = decide
-        self.checked: list[str] = []
-
-    def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState:
-        return self.decide(message, arg)  # type: ignore[no-any-return]
-
-    def check_local_transaction(self, message: Message) -> LocalTransactionState:
-        self.checked.append(str(message.transaction_id))
-        return LocalTransactionState.COMMIT_MESSAGE
+from tests.support.responses import expect
+from tests.support.sdk import Listener
 
 
 def consumer(shop: dict[str, Any]) -> SimpleConsumer:

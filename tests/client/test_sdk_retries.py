@@ -9,19 +9,19 @@ import requests
 from txhub_client import LocalTransactionState, Message, Producer, TransactionProducer
 
 from apps.broker.models import CommitLogEntry, HalfMessage, OpKind, OpRecord
-from tests.client.test_sdk import Listener, shop  # noqa: F401 - the fixture
 from tests.faultproxy import FaultProxy
+from tests.support.sdk import Listener
 
 
 @pytest.fixture
-def proxy(shop: dict[str, Any]) -> Any:  # noqa: F811 - the fixture above
+def proxy(shop: dict[str, Any]) -> Any:
     parts = urlsplit(shop["url"])
     fault = FaultProxy((parts.hostname or "127.0.0.1", parts.port or 80))
     yield fault
     fault.close()
 
 
-def test_a_lost_send_answer_is_retried_and_stored_once(shop: Any, proxy: FaultProxy) -> None:  # noqa: F811
+def test_a_lost_send_answer_is_retried_and_stored_once(shop: Any, proxy: FaultProxy) -> None:
     producer = Producer(proxy.url, shop["token"], "shop")
     proxy.drop_answers = 1
     sent = producer.send(Message("orders", "order 9527 created"))
@@ -31,7 +31,7 @@ def test_a_lost_send_answer_is_retried_and_stored_once(shop: Any, proxy: FaultPr
 
 
 def test_without_retries_the_lost_answer_is_an_error_although_stored(
-    shop: Any,  # noqa: F811
+    shop: Any,
     proxy: FaultProxy,
 ) -> None:
     """The control: the proxy really loses an answer after the store."""
@@ -44,7 +44,7 @@ def test_without_retries_the_lost_answer_is_an_error_although_stored(
 
 
 def test_lost_prepare_and_commit_answers_end_in_one_committed_transaction(
-    shop: Any,  # noqa: F811
+    shop: Any,
     proxy: FaultProxy,
 ) -> None:
     def local(message: Message, arg: Any) -> LocalTransactionState:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from apps.broker.models import ApiToken, AuditRecord, Delivery, DeliveryState, ProducerGroup
 from apps.broker.services import consuming, registry
 from apps.broker.services.sending import OutgoingMessage, message_send
-from tests.console.test_console_views import login
+from tests.support.console import login
 
 FROM = "198.51.100.9"  # TEST-NET-2: the address the browser claims to come from
 

@@ -1,44 +1,15 @@
 """Console pages and actions: login, roles enforced on the server, CSRF, audit trail, escaping."""
 
-import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.models import HalfMessage, OpRecord
 from apps.broker.services import registry, transactions
 from apps.broker.services.sending import OutgoingMessage
-from apps.broker.services.transactions import Actor
-
-PRODUCER = Actor(Resolver.PRODUCER, "test")
-
-
-def login(role: str | None, name: str) -> Client:
-    user = User.objects.create_user(name, password="pw-12345678")
-    if role == "superuser":
-        user.is_superuser = True
-        user.save()
-    elif role:
-        user.groups.add(Group.objects.get(name=role))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def half(db: None) -> HalfMessage:
-    topic = registry.topic_create(name="orders", queues=1)
-    group = registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
-    message = OutgoingMessage(
-        producer_group="shop",
-        body=b"<script>alert(1)</script>",
-        body_is_binary=False,
-        keys=["9527"],
-    )
-    return transactions.transaction_prepare(
-        producer_group=group, topic=topic, message=message, actor=PRODUCER
-    )
+from tests.support.console import login
+from tests.support.transactions import PRODUCER
 
 
 def test_anonymous_users_are_sent_to_login(half: HalfMessage) -> None:

@@ -8,9 +8,7 @@ from apps.broker.models import HalfMessage, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry
 from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.transactions import Actor
-from tests.console.test_console_views import half, login
-
-__all__ = ["half"]  # the fixture, imported for this module
+from tests.support.console import login
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from apps.broker.models import (
 )
 from apps.broker.services import consuming, registry, sending, transactions
 from apps.broker.services.sending import OutgoingMessage, message_send
-from tests.console.test_console_views import PRODUCER, login
+from tests.support.console import login
+from tests.support.transactions import PRODUCER
 
 PAGES = [
     "/console/",

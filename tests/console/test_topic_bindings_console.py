@@ -8,7 +8,7 @@ from django.test import Client
 
 from apps.broker.models import ConsumerGroup, ProducerGroup
 from apps.broker.services import registry
-from tests.console.test_console_views import login
+from tests.support.console import login
 
 PRODUCER_PATH = "/console/producer-groups/shop/topics/"
 CONSUMER_PATH = "/console/consumer-groups/billing/topics/"

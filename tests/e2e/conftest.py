@@ -14,6 +14,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from tests.conftest import BIN, ROOT, db_url_for_tests
+from tests.support.ports import free_port
 
 # The Redis of this checkout's services.sh (also `make run`'s): tests never stop it; a test that
 # stops Redis or Postgres uses a server of its own (PrivateRedis, the `private_cluster` fixture).
@@ -187,23 +188,11 @@ def celery_processes(start_celery: Callable[..., Celery]) -> Celery:
     return start_celery()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
-
-
 class PrivateRedis:
     """A Redis server of one test's own, on a free port: stopping it harms no other test and
     not the `make run` on this machine."""
 
     def __init__(self, directory: Path) -> None:
-        from tests.conftest import free_port
-
         self.port = free_port()
         self.dir = directory
         self.process: subprocess.Popen[bytes] | None = None

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
-from tests.e2e.conftest import wait_until
-from tests.helpers import expect
+from tests.support.responses import expect
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -12,9 +12,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord
-from tests.e2e.conftest import wait_until
-from tests.helpers import expect
 from tests.hostile import HostileEndpoint
+from tests.support.responses import expect
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,8 @@ from django.db import connection, transaction
 
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
-from tests.conftest import db_url_for_tests, free_port, start_gunicorn
+from tests.conftest import db_url_for_tests, start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

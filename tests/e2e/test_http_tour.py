@@ -4,7 +4,7 @@ import pytest
 import requests
 
 from tests.conftest import Server
-from tests.helpers import assert_error
+from tests.support.responses import assert_error
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,9 @@ from django.db import connection
 
 from apps.broker.models import Delivery
 from apps.broker.services import registry
-from tests.conftest import db_url_for_tests, free_port, start_gunicorn
-from tests.e2e.conftest import wait_until
+from tests.conftest import db_url_for_tests, start_gunicorn
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
-from tests.e2e.conftest import PrivateRedis, wait_until
-from tests.helpers import expect
+from tests.e2e.conftest import PrivateRedis
+from tests.support.responses import expect
+from tests.support.waiting import wait_until
 
 # An outage of 20 s, then up to 90 + 30 s of recovery: more than the suite's 300 s bound allows
 # for on a busy machine.

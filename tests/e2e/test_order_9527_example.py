@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from apps.broker.models import CommitLogEntry, HalfMessage
-from tests.conftest import ROOT, Server, free_port
-from tests.e2e.conftest import REDIS_PORT, wait_until
+from tests.conftest import ROOT, Server
+from tests.e2e.conftest import REDIS_PORT
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import free_port, start_gunicorn
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,8 @@ import requests
 from django.conf import settings
 
 from apps.broker.services import registry
-from tests.conftest import free_port, start_gunicorn
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

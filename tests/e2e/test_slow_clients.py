@@ -15,7 +15,8 @@ import pytest
 import requests
 
 from apps.broker.services import registry
-from tests.conftest import free_port, start_gunicorn
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

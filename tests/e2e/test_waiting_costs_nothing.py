@@ -27,8 +27,9 @@ from django.utils import timezone
 
 from apps.broker.models import CommitLogEntry, Topic
 from apps.broker.services import registry, sending
-from tests.conftest import db_url_for_tests, free_port, start_gunicorn
+from tests.conftest import db_url_for_tests, start_gunicorn
 from tests.support.listening import hub_listening, listening_hubs
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -6,19 +6,17 @@ import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rocketmq import ClientConfiguration, Credentials
-from rocketmq.v5.util.signature import Signature
 
 from apps.broker.services import credentials, registry
-from tests.conftest import BIN, ROOT, db_url_for_tests, free_port
+from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import FAST, TEST_BROKER_URL, Celery
+from tests.support.ports import free_port
 
 
 def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> Any:
@@ -54,15 +52,6 @@ def start_grpc(port: int, log: Any, extra_env: dict[str, str] | None = None) -> 
     raise RuntimeError("grpcserver did not start")
 
 
-def signed(server: "GrpcServer", token: Any) -> list[tuple[str, str]]:
-    """gRPC metadata signed with the token's RocketMQ credentials, as a client sends it."""
-    keys = credentials.of(token)
-    config = ClientConfiguration(
-        server.endpoint, Credentials(keys["access_key"], keys["secret_key"])
-    )
-    return list(Signature.metadata(config, f"client-{uuid.uuid4().hex[:8]}"))
-
-
 def stop(process: Any) -> None:
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=20)
@@ -90,6 +79,15 @@ def grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
         server = GrpcServer(port, start_grpc(port, log), log)
         yield server
         stop(server.process)
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Any]]:
+    """The RocketMQ Python clients a test started (tests.support.grpc.start), shut down after it."""
+    started: list[Any] = []
+    yield started
+    for client in reversed(started):
+        client.shutdown()
 
 
 @pytest.fixture(scope="module")

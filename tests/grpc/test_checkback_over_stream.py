@@ -7,12 +7,11 @@ import pytest
 from rocketmq import Producer
 
 from apps.broker.models import CommitLogEntry, GrpcClient, OpRecord
-from tests.e2e.conftest import wait_until
 from tests.grpc.conftest import GrpcServer
-from tests.grpc.test_python_client import Checker, clients, config, message, start, wait_for_state
+from tests.support.grpc import Checker, config, message, start, wait_for_state
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-__all__ = ["clients"]  # the fixture, imported for this module
 
 
 def test_orphans_are_settled_over_the_stream_by_a_connected_producer(

@@ -4,8 +4,6 @@ reach the victim. An EndTransaction(SOURCE_SERVER_CHECK) with no check outstandi
 is the producer's own resolution. Raw stubs on the real gRPC server; the check is sent by the
 check-back service the Celery task runs, through Redis to the server's listener."""
 
-import queue
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,67 +17,16 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
 from apps.broker.services import checkback, clients
 from tests.conftest import ROOT
-from tests.e2e.conftest import TEST_BROKER_URL, wait_until
+from tests.e2e.conftest import TEST_BROKER_URL
 from tests.grpc.conftest import GrpcServer, Setup
-from tests.grpc.test_push_consumer import signed
+from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
 VICTIM_ID = "victim-host@4242@0@producer"
 # What the gRPC server logs when a check is not sent on a stream (grpc/checks.py).
 REFUSED_LINE = "the stream's token may not receive it"
-WAIT = 20  # seconds an expected command may take to arrive (a bound, not a measurement)
-
-
-class Telemetry:
-    """An open Telemetry stream: commands are sent on demand, answers gathered by a thread."""
-
-    def __init__(self, stub: MessagingServiceStub, meta: Any, *, read: bool = True) -> None:
-        self.outgoing: queue.Queue[Any] = queue.Queue()
-        self.incoming: queue.Queue[Any] = queue.Queue()
-        self.call = stub.Telemetry(iter(self.outgoing.get, None), metadata=meta)
-        self.errors: list[BaseException] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        if read:
-            self.reader.start()
-
-    @classmethod
-    def unread(cls, stub: MessagingServiceStub, meta: Any) -> "Telemetry":
-        """A client that sends and never reads what the server writes."""
-        return cls(stub, meta, read=False)
-
-    def _read(self) -> None:
-        try:
-            for command in self.call:
-                self.incoming.put(command)
-        except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.CANCELLED:
-                self.errors.append(error)
-        except BaseException as error:  # noqa: BLE001 - reported by close()
-            self.errors.append(error)
-        self.incoming.put(None)  # the stream ended
-
-    def send_settings(self, topics: list[str]) -> None:
-        publishing = pb.Publishing(topics=[pb.Resource(name=topic) for topic in topics])
-        self.outgoing.put(
-            rpc.TelemetryCommand(
-                settings=pb.Settings(client_type=pb.PRODUCER, publishing=publishing)
-            )
-        )
-
-    def settings(self, topic: str) -> Any:
-        self.send_settings([topic])
-        return self.next()
-
-    def next(self) -> Any:
-        return self.incoming.get(timeout=WAIT)
-
-    def close(self) -> None:
-        self.outgoing.put(None)
-        self.call.cancel()
-        if self.reader.is_alive():
-            self.reader.join(timeout=WAIT)
-        assert not self.errors, self.errors
 
 
 @pytest.fixture

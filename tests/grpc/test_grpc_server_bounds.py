@@ -19,9 +19,10 @@ from rocketmq.v5.util.signature import Signature
 from apps.broker import tasks
 from apps.broker.models import GrpcClient
 from apps.broker.services import credentials, registry
-from tests.conftest import ROOT, free_port
-from tests.e2e.conftest import wait_until
+from tests.conftest import ROOT
 from tests.grpc.conftest import start_grpc, stop
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

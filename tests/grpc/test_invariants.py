@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import CommitLogEntry, HalfMessage, OpRecord
 from tests.grpc.conftest import GrpcServer, Setup
-from tests.grpc.test_push_consumer import signed
+from tests.support.grpc import signed
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,8 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
-from tests.grpc.conftest import GrpcServer, Setup, signed
+from tests.grpc.conftest import GrpcServer, Setup
+from tests.support.grpc import signed
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, Delivery, GrpcClient, HalfMessage, OpRecord
 from tests.conftest import client_for
-from tests.e2e.conftest import wait_until
 from tests.grpc.conftest import GrpcServer, Setup
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -13,16 +13,14 @@ from rocketmq import ConsumeResult, FilterExpression, MessageListener, Producer,
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
-from rocketmq.v5.util.signature import Signature
 
 from apps.broker.models import Delivery
 from tests.conftest import client_for
-from tests.e2e.conftest import wait_until
-from tests.grpc.conftest import GrpcServer, Setup
-from tests.grpc.test_python_client import clients, config, message, start
+from tests.grpc.conftest import GrpcServer
+from tests.support.grpc import config, message, signed, start
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-__all__ = ["clients"]  # the fixture, imported for this module
 
 
 class Listener(MessageListener):  # type: ignore[misc]
@@ -98,15 +96,11 @@ def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
         yield MessagingServiceStub(channel)
 
 
-def signed(grpc_server: GrpcServer, setup: Setup, client_id: str = "raw-client") -> Any:
-    return Signature.metadata(config(grpc_server, setup), client_id)
-
-
 def test_assignment_is_one_queue_for_all_and_forward_moves_to_the_rest_dlq(
     grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
 ) -> None:
     setup = rocketmq_setup("-fwd")
-    meta = signed(grpc_server, setup)
+    meta = signed(grpc_server, setup, "raw-client")
     query = rpc.QueryAssignmentRequest(
         topic=pb.Resource(name=setup.topic), group=pb.Resource(name=setup.consumer)
     )
@@ -166,7 +160,7 @@ def test_what_txhub_does_not_serve_answers_unsupported(
     grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
 ) -> None:
     setup = rocketmq_setup("-unsup")
-    meta = signed(grpc_server, setup)
+    meta = signed(grpc_server, setup, "raw-client")
     group, topic = pb.Resource(name=setup.consumer), pb.Resource(name=setup.topic)
     queue = pb.MessageQueue(topic=topic, id=0)
     answers = {

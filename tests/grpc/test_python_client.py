@@ -3,21 +3,15 @@ real gRPC server on the test database."""
 
 import base64
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
 from rest_framework.test import APIClient
 from rocketmq import (
-    ClientConfiguration,
-    Credentials,
     FilterExpression,
-    Message,
     Producer,
     SimpleConsumer,
-    TransactionChecker,
-    TransactionResolution,
 )
 from rocketmq.grpc_protocol import Code, MessagingServiceStub, QueryRouteRequest, SendMessageRequest
 from rocketmq.v5.exception import BadRequestException, UnauthorizedException
@@ -26,58 +20,10 @@ from rocketmq.v5.util.signature import Signature
 from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
 from tests.conftest import client_for
-from tests.e2e.conftest import wait_until
-from tests.grpc.conftest import GrpcServer, Setup
+from tests.grpc.conftest import GrpcServer
+from tests.support.grpc import Checker, config, message, start
 
 pytestmark = pytest.mark.e2e
-
-
-class Checker(TransactionChecker):  # type: ignore[misc]
-    """Answers check-back: COMMIT unless the body says rollback."""
-
-    def __init__(self) -> None:
-        self.checked: list[str] = []
-
-    def check(self, message: Any) -> Any:
-        self.checked.append(message.message_id)
-        if b"rollback" in message.body:
-            return TransactionResolution.ROLLBACK
-        return TransactionResolution.COMMIT
-
-
-def config(server: GrpcServer, setup: Setup, secret: str | None = None) -> Any:
-    return ClientConfiguration(
-        server.endpoint, Credentials(setup.access_key, secret or setup.secret_key)
-    )
-
-
-def message(topic: str, body: bytes, tag: str = "", **extra: Any) -> Any:
-    msg = Message()
-    msg.topic = topic
-    msg.body = body
-    if tag:
-        msg.tag = tag
-    for key in extra.get("keys", []):
-        msg.keys = key
-    for name, value in extra.get("properties", {}).items():
-        msg.add_property(name, value)
-    if "delivery_timestamp" in extra:
-        msg.delivery_timestamp = extra["delivery_timestamp"]
-    return msg
-
-
-@pytest.fixture
-def clients() -> Iterator[list[Any]]:
-    started: list[Any] = []
-    yield started
-    for client in reversed(started):
-        client.shutdown()
-
-
-def start(clients: list[Any], client: Any) -> Any:
-    client.startup()
-    clients.append(client)
-    return client
 
 
 def receive_all(
@@ -263,13 +209,3 @@ def test_a_wrong_secret_and_a_revoked_token_are_refused(
     registry.token_revoke(token_id=setup.token_id)
     with pytest.raises(UnauthorizedException):
         producer.send(message(setup.topic, b"after revocation"))
-
-
-def wait_for_state(msg_id: str, state: str) -> HalfMessage:
-    def resolved() -> HalfMessage | None:
-        half = HalfMessage.objects.get(msg_id=msg_id)
-        return half if half.state == state else None
-
-    half: HalfMessage | None = wait_until(resolved, timeout=60)
-    assert half is not None, f"{msg_id} never became {state}"
-    return half

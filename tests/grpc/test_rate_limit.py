@@ -14,10 +14,11 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.util.signature import Signature
 
 from apps.broker.services import credentials, registry
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
 from tests.grpc.conftest import start_grpc, stop
-from tests.grpc.test_client_ids_are_owned import Telemetry
-from tests.prod.test_throttling import fresh_budget
+from tests.support.grpc import Telemetry
+from tests.support.ports import free_port
+from tests.support.throttling import fresh_budget
 
 pytestmark = pytest.mark.e2e
 

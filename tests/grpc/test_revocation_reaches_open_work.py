@@ -19,10 +19,9 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from apps.broker.models import ConsumerCursor
 from apps.broker.services import registry
 from tests.conftest import Server
-from tests.e2e.conftest import wait_until
 from tests.grpc.conftest import GrpcServer
-from tests.grpc.test_client_ids_are_owned import WAIT, Telemetry
-from tests.grpc.test_push_consumer import signed
+from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

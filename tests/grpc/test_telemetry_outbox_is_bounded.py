@@ -10,11 +10,11 @@ import pytest
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import GrpcClient
-from tests.conftest import ROOT, free_port
-from tests.e2e.conftest import wait_until
+from tests.conftest import ROOT
 from tests.grpc.conftest import GrpcServer, start_grpc, stop
-from tests.grpc.test_client_ids_are_owned import WAIT, Telemetry
-from tests.grpc.test_push_consumer import signed
+from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 

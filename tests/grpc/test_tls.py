@@ -11,9 +11,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from tests.conftest import free_port
 from tests.grpc.conftest import GrpcServer, start_grpc, stop
-from tests.grpc.test_push_consumer import signed
+from tests.support.grpc import signed
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -43,13 +43,13 @@ def test_with_a_certificate_the_door_speaks_tls_only(tmp_path: Path, rocketmq_se
             trusted = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
             with grpc.secure_channel(server.endpoint, trusted) as channel:
                 answer = MessagingServiceStub(channel).QueryRoute(
-                    request, metadata=signed(server, setup), timeout=10
+                    request, metadata=signed(server, setup, "raw-client"), timeout=10
                 )
             assert answer.status.code == pb.Code.OK, answer.status
             assert answer.message_queues
             with grpc.insecure_channel(server.endpoint) as channel, pytest.raises(grpc.RpcError):
                 MessagingServiceStub(channel).QueryRoute(
-                    request, metadata=signed(server, setup), timeout=5
+                    request, metadata=signed(server, setup, "raw-client"), timeout=5
                 )
         finally:
             stop(process)

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.broker.services import registry
-from tests.broker.test_checkback import make_group, prepare
+from tests.support.transactions import make_group, prepare
 from txhub.health import DATABASE_GAUGES
 
 

@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 
 from apps.broker.models import ApiToken, ProducerGroup
 from tests.conftest import ROOT
-from tests.console.test_console_views import login
+from tests.support.console import login
 
 # The environment README's "Production" section documents (values are examples).
 PRODUCTION_ENV = {

@@ -9,31 +9,17 @@ from typing import Any
 
 import pytest
 import requests
-from django.conf import settings as django_settings
-from django.core.cache import caches
 from rest_framework.test import APIClient
 
-from apps.broker.api.throttling import TokenRateThrottle
 from apps.broker.services import registry
-from tests.conftest import free_port, start_gunicorn
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
+from tests.support.throttling import fresh_budget
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 RATE = 5
 WINDOW = 60  # "5/min": a burst of a few seconds nearly always sits in one window
-
-
-def fresh_budget(token_id: int, duration: int) -> None:
-    """The test database is new each run, so token ids repeat: a rerun within the window would
-    find the previous run's count in Redis under the same id."""
-    now = time.time()
-    for window in (int(now // duration), int(now // duration) + 1):
-        key = TokenRateThrottle.cache_format % {
-            "scope": TokenRateThrottle.scope,
-            "ident": token_id,
-            "window": window,
-        }
-        caches[django_settings.TXHUB_THROTTLE_CACHE].delete(key)
 
 
 def token(name: str, *scopes: str) -> dict[str, str]:

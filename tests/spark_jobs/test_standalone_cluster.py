@@ -16,8 +16,9 @@ from django.core.management import call_command
 from pyspark.sql import SparkSession
 
 from apps.broker.models import ReconciliationRun, RunStatus
-from tests.conftest import ROOT, free_port
-from tests.spark_jobs.test_reconcile_job import (
+from tests.conftest import ROOT
+from tests.support.ports import free_port
+from tests.support.reconciliation import (
     MAX_PENDING_AGE,
     Shop,
     found,

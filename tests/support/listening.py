@@ -8,7 +8,7 @@ from datetime import datetime
 from django.db import connection
 
 from apps.broker.wakeups import RECEIVABLE_SQL
-from tests.e2e.conftest import wait_until
+from tests.support.waiting import wait_until
 
 
 def database_now() -> datetime:

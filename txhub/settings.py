@@ -8,12 +8,24 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+# `make run-ha` (scripts/ha.sh) writes var/ha/env while its cluster runs, so that manage.py in this
+# checkout reaches the cluster with no environment of its own (docs/decisions/0042). Variables
+# already set win; TXHUB_HA_ENV_FILE="" ignores the file (`make run` and `make test` do).
+HA_ENV_FILE = os.environ.get("TXHUB_HA_ENV_FILE", str(BASE_DIR / "var" / "ha" / "env"))
+if HA_ENV_FILE and Path(HA_ENV_FILE).is_file():
+    for _line in Path(HA_ENV_FILE).read_text().splitlines():
+        _name, _, _value = _line.partition("=")
+        if _name.strip() and not _name.lstrip().startswith("#"):
+            os.environ.setdefault(_name.strip(), _value.strip().strip("'"))
 
 
 def env_str(name: str, default: str) -> str:
@@ -149,8 +161,30 @@ TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 # (CONN_HEALTH_CHECKS): a connection that died with a Postgres restart is replaced, not used.
 # TXHUB_DB_POOL=0 goes back to per-thread persistent connections (gthread only).
 DB_POOL = env_bool("TXHUB_DB_POOL", True)
+
+
+def parse_database_url(url: str, **options: Any) -> dict[str, Any]:
+    """dj-database-url's parse, and libpq's multi-host form too
+    (postgres://user@h1:p1,h2:p2,h3:p3/db?target_session_attrs=read-write, decision 0042): its
+    hosts and ports become comma-separated HOST and PORT, which libpq reads as lists."""
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if "," not in hostlist:
+        return dict(dj_database_url.parse(url, **options))
+    hosts, ports = [], []
+    for host in hostlist.split(","):
+        name, colon, port = host.rpartition(":")
+        has_port = bool(colon) and not host.endswith("]")
+        hosts.append(name if has_port else host)
+        ports.append(port if has_port else "5432")
+    first = urlunsplit(parts._replace(netloc=userinfo + at + hosts[0]))
+    config = dict(dj_database_url.parse(first, **options))
+    config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
+    return config
+
+
 DATABASES = {
-    "default": dj_database_url.parse(
+    "default": parse_database_url(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
         conn_max_age=0 if DB_POOL else env_int("TXHUB_CONN_MAX_AGE", 300),
         conn_health_checks=env_bool("TXHUB_CONN_HEALTH_CHECKS", True),
@@ -224,7 +258,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
-CACHES = {
+# Redis behind Sentinels (`make run-ha`, docs/decisions/0043): "host:port,..." of the Sentinels
+# and the name of the master they watch. Celery and the cache then ask them where the master is
+# (kombu's and redis-py's Sentinel support); the URLs above give only the database numbers.
+TXHUB_REDIS_SENTINELS = env_list("TXHUB_REDIS_SENTINELS", "")
+TXHUB_REDIS_SENTINEL_MASTER = env_str("TXHUB_REDIS_SENTINEL_MASTER", "txhub")
+CACHES: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": TXHUB_CACHE_URL,
@@ -235,6 +274,15 @@ CACHES = {
         },
     }
 }
+if TXHUB_REDIS_SENTINELS:
+    CACHES["default"]["OPTIONS"] |= {
+        "pool_class": "txhub.redis_sentinel.CachePool",
+        "sentinels": [
+            (host, int(port))
+            for host, _, port in (item.rpartition(":") for item in TXHUB_REDIS_SENTINELS)
+        ],
+        "service_name": TXHUB_REDIS_SENTINEL_MASTER,
+    }
 TXHUB_THROTTLE_CACHE = "default"
 # Tokens, groups, topics and bindings kept per web process, checked against an epoch in that
 # cache on every request (docs/decisions/0026); this long at most whatever the epoch says. 0: off.
@@ -284,6 +332,10 @@ SPECTACULAR_SETTINGS = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/0")
 # Redis, without the restore-on-close that kills a worker when Redis goes away (see the module).
 CELERY_BROKER_TRANSPORT = "txhub.broker_transport:Transport"
+if TXHUB_REDIS_SENTINELS:
+    CELERY_BROKER_URL = ";".join(f"sentinel://{item}/0" for item in TXHUB_REDIS_SENTINELS)
+    CELERY_BROKER_TRANSPORT = "txhub.broker_transport:SentinelTransport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": TXHUB_REDIS_SENTINEL_MASTER}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

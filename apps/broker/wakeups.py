@@ -352,7 +352,8 @@ async def _read_notifies(
 
 def _conninfo() -> str:
     db = settings.DATABASES["default"]
-    pooled_name = (db.get("OPTIONS") or {}).get("application_name")
+    options = db.get("OPTIONS") or {}
+    pooled_name = options.get("application_name")
     return make_conninfo(
         dbname=db["NAME"],
         user=db.get("USER") or None,
@@ -360,7 +361,9 @@ def _conninfo() -> str:
         host=db.get("HOST") or None,
         port=str(db.get("PORT") or "") or None,
         application_name=f"{pooled_name}-wakeups" if pooled_name else APPLICATION_NAME,
-        connect_timeout=5,
+        connect_timeout=options.get("connect_timeout", 5),
+        # With several hosts (decision 0042): LISTEN on the primary, where the NOTIFYs are sent.
+        target_session_attrs=options.get("target_session_attrs"),
     )
 
 

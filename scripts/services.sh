@@ -4,6 +4,7 @@
 #
 #   scripts/services.sh up      install what is missing, start Postgres + Redis, migrate
 #   scripts/services.sh down    stop the Postgres + Redis started from this checkout
+#   scripts/services.sh prepare install what is missing, write the keys; start nothing
 #   scripts/services.sh restart-postgres [--immediate]
 set -euo pipefail
 
@@ -15,6 +16,8 @@ PG_PORT="${TXHUB_PG_PORT:-54329}"
 REDIS_PORT="${TXHUB_REDIS_PORT:-63799}"
 PG_USER_OS="${TXHUB_PG_OS_USER:-txhub-pg}"   # Postgres refuses to run as root
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+# These are the local services: manage.py below must not follow a running `make run-ha`'s env.
+export TXHUB_HA_ENV_FILE=""
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -145,6 +148,12 @@ case "${1:-up}" in
     secret_key_up
     (cd "$ROOT" && "$VENV/bin/python" manage.py migrate --noinput -v 0)
     ;;
+  # What `make run-ha` (scripts/ha.sh) needs of this script: packages, the venv, the keys.
+  prepare)
+    ensure_debian_packages
+    ensure_venv
+    secret_key_up
+    ;;
   down) down ;;
   restart-postgres)
     # --immediate: stop like a crash (no shutdown checkpoint; WAL replay on start). Used by tests.
@@ -152,5 +161,5 @@ case "${1:-up}" in
     pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -m "$mode" -w stop >/dev/null
     pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -l "$(pg_data_dir)/server.log" -w -t 60 start >/dev/null
     ;;
-  *) echo "usage: $0 up|down|restart-postgres [--immediate]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|prepare|down|restart-postgres [--immediate]" >&2; exit 2 ;;
 esac

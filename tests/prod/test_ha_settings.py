@@ -19,11 +19,13 @@ import json, django
 django.setup()
 from django.conf import settings
 from apps.broker.wakeups import _conninfo
+from apps.broker.services.reconciliation import database_url
 db = settings.DATABASES["default"]
 print(json.dumps({
     "host": db["HOST"], "port": str(db["PORT"]), "name": db["NAME"],
     "options": {k: v for k, v in db["OPTIONS"].items() if k != "pool"},
     "listen": _conninfo(),
+    "job": database_url(),
     "broker": settings.CELERY_BROKER_URL, "transport": settings.CELERY_BROKER_TRANSPORT,
     "broker_options": getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}),
     "cache": settings.CACHES["default"]["OPTIONS"],
@@ -56,6 +58,11 @@ def test_a_multi_host_url_gives_libpq_its_host_and_port_lists() -> None:
     # The LISTEN connection finds the primary too: NOTIFY is sent there.
     assert "target_session_attrs=read-write" in found["listen"]
     assert "port=54331,54332,54333" in found["listen"]
+    # The nightly job gets the same hosts (it reads a standby through JDBC by itself).
+    assert found["job"] == (
+        "postgresql://txhub@127.0.0.1:54331,127.0.0.1:54332,127.0.0.1:54333/txhub"
+        "?target_session_attrs=read-write"
+    )
 
 
 def test_a_single_host_url_is_read_as_before() -> None:
@@ -63,6 +70,7 @@ def test_a_single_host_url_is_read_as_before() -> None:
     assert (found["host"], found["port"]) == ("127.0.0.1", "54329")
     assert "target_session_attrs" not in found["options"]
     assert "target_session_attrs" not in found["listen"]
+    assert found["job"] == "postgresql://txhub@127.0.0.1:54329/txhub"
     assert found["transport"] == "txhub.broker_transport:Transport"
     assert "pool_class" not in found["cache"]
 
@@ -85,3 +93,4 @@ def test_sentinels_carry_celery_and_the_cache() -> None:
     assert found["broker_options"] == {"master_name": "txhub"}
     assert found["cache"]["pool_class"] == "txhub.redis_sentinel.CachePool"
     assert found["cache"]["sentinels"] == [["127.0.0.1", 26381], ["127.0.0.1", 26382]]
+

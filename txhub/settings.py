@@ -333,6 +333,13 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDI
 # Redis, without the restore-on-close that kills a worker when Redis goes away (see the module).
 CELERY_BROKER_TRANSPORT = "txhub.broker_transport:Transport"
 if TXHUB_REDIS_SENTINELS:
+    # Celery reads the CELERY_BROKER_URL variable itself, over these settings: both set would
+    # give the Sentinel transport a plain Redis to ask.
+    if os.environ.get("CELERY_BROKER_URL", "sentinel://").split(":")[0] != "sentinel":
+        raise ImproperlyConfigured(
+            "TXHUB_REDIS_SENTINELS and CELERY_BROKER_URL are both set: unset CELERY_BROKER_URL "
+            "(Celery finds the master through the Sentinels)."
+        )
     CELERY_BROKER_URL = ";".join(f"sentinel://{item}/0" for item in TXHUB_REDIS_SENTINELS)
     CELERY_BROKER_TRANSPORT = "txhub.broker_transport:SentinelTransport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": TXHUB_REDIS_SENTINEL_MASTER}

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import ROOT
 
 CLUSTER_URL = (
@@ -94,3 +96,9 @@ def test_sentinels_carry_celery_and_the_cache() -> None:
     assert found["cache"]["pool_class"] == "txhub.redis_sentinel.CachePool"
     assert found["cache"]["sentinels"] == [["127.0.0.1", 26381], ["127.0.0.1", 26382]]
 
+
+def test_sentinels_with_a_plain_broker_url_refuse_to_start() -> None:
+    # Celery would read the variable over the settings and ask a plain Redis for the master.
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        settings_with(TXHUB_REDIS_SENTINELS="127.0.0.1:26381", CELERY_BROKER_URL="redis://x:1/0")
+    assert "unset CELERY_BROKER_URL" in refused.value.stderr

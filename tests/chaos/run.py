@@ -278,6 +278,16 @@ CASES = {
             ha=True,
             unavailable_limit=30,
         ),
+        Case(
+            "F15",
+            "HA: the primary's Patroni and Postgres SIGSTOPped for 60 s, then resumed",
+            ha_cases.primary_hung,
+            ha=True,
+        ),
+        # Issue 25 aims at 5 s; two runs measured 5.3 s (decision 0042), so 6 s fails the case.
+        Case("F16", "HA: a planned switchover", ha_cases.switchover, ha=True, unavailable_limit=6),
+        Case("F17", "HA: etcd stopped for 30 s", ha_cases.etcd_stopped, ha=True),
+        Case("F19", "HA: the Redis master SIGKILLed", ha_cases.redis_master_killed, ha=True),
     ]
 }
 SHORT = ["F1", "F2", "F3", "F5", "F8", "F10"]  # the cases `make test` runs, shortened

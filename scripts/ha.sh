@@ -25,7 +25,7 @@ read -r -a REDIS_PORTS <<<"${TXHUB_HA_REDIS_PORTS:-63811 63812}"
 read -r -a SENTINEL_PORTS <<<"${TXHUB_HA_SENTINEL_PORTS:-26381 26382 26383}"
 # Patroni's timing (scripts/ha/patroni.yml.in): a SIGKILLed primary is replaced in ~ttl seconds;
 # 20 is the least Patroni accepts.
-TTL="${TXHUB_HA_TTL:-20}" LOOP_WAIT="${TXHUB_HA_LOOP_WAIT:-2}" RETRY_TIMEOUT="${TXHUB_HA_RETRY_TIMEOUT:-5}"
+TTL="${TXHUB_HA_TTL:-20}" LOOP_WAIT="${TXHUB_HA_LOOP_WAIT:-1}" RETRY_TIMEOUT="${TXHUB_HA_RETRY_TIMEOUT:-5}"
 PG_USER_OS="${TXHUB_PG_OS_USER:-txhub-pg}"   # Postgres (so Patroni) refuses to run as root
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
 VENV="$ROOT/.venv"

@@ -14,14 +14,7 @@ import redis.asyncio.sentinel
 from django.conf import settings
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-
-def addresses(sentinels: list[str]) -> list[tuple[str, int]]:
-    """ "host:port" items as redis-py's Sentinel takes them."""
-    found = []
-    for item in sentinels:
-        host, _, port = item.rpartition(":")
-        found.append((host, int(port)))
-    return found
+from txhub.connections import sentinel_addresses
 
 
 class CachePool(SentinelConnectionPool):
@@ -40,7 +33,7 @@ class CachePool(SentinelConnectionPool):
 
 
 def _sentinels() -> list[tuple[str, int]]:
-    return addresses(settings.TXHUB_REDIS_SENTINELS)
+    return sentinel_addresses(settings.TXHUB_REDIS_SENTINELS)
 
 
 def broker_client(**options: Any) -> redis.Redis:

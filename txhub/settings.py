@@ -9,23 +9,19 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
+from txhub import connections
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-# `make run-ha` (scripts/ha.sh) writes var/ha/env while its cluster runs, so that manage.py in this
-# checkout reaches the cluster with no environment of its own (docs/decisions/0042). Variables
-# already set win; TXHUB_HA_ENV_FILE="" ignores the file (`make run` and `make test` do).
+# `make run-ha` writes var/ha/env while its cluster runs: manage.py here reaches it with no more
+# environment (decision 0042). Set variables win; "" ignores it (`make run`, `make test` do).
 HA_ENV_FILE = os.environ.get("TXHUB_HA_ENV_FILE", str(BASE_DIR / "var" / "ha" / "env"))
-if HA_ENV_FILE and Path(HA_ENV_FILE).is_file():
-    for _line in Path(HA_ENV_FILE).read_text().splitlines():
-        _name, _, _value = _line.partition("=")
-        if _name.strip() and not _name.lstrip().startswith("#"):
-            os.environ.setdefault(_name.strip(), _value.strip().strip("'"))
+if HA_ENV_FILE:
+    connections.read_env_file(Path(HA_ENV_FILE))
 
 
 def env_str(name: str, default: str) -> str:
@@ -126,8 +122,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # The console's page for a database outage (a failover): a banner and 503, not a 500.
-    "apps.console.unavailable.DatabaseUnavailableMiddleware",
+    "apps.console.unavailable.DatabaseUnavailableMiddleware",  # a banner, not a 500, if no DB
     # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -163,30 +158,8 @@ TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 # (CONN_HEALTH_CHECKS): a connection that died with a Postgres restart is replaced, not used.
 # TXHUB_DB_POOL=0 goes back to per-thread persistent connections (gthread only).
 DB_POOL = env_bool("TXHUB_DB_POOL", True)
-
-
-def parse_database_url(url: str, **options: Any) -> dict[str, Any]:
-    """dj-database-url's parse, and libpq's multi-host form too
-    (postgres://user@h1:p1,h2:p2,h3:p3/db?target_session_attrs=read-write, decision 0042): its
-    hosts and ports become comma-separated HOST and PORT, which libpq reads as lists."""
-    parts = urlsplit(url)
-    userinfo, at, hostlist = parts.netloc.rpartition("@")
-    if "," not in hostlist:
-        return dict(dj_database_url.parse(url, **options))
-    hosts, ports = [], []
-    for host in hostlist.split(","):
-        name, colon, port = host.rpartition(":")
-        has_port = bool(colon) and not host.endswith("]")
-        hosts.append(name if has_port else host)
-        ports.append(port if has_port else "5432")
-    first = urlunsplit(parts._replace(netloc=userinfo + at + hosts[0]))
-    config = dict(dj_database_url.parse(first, **options))
-    config["HOST"], config["PORT"] = ",".join(hosts), ",".join(ports)
-    return config
-
-
 DATABASES = {
-    "default": parse_database_url(
+    "default": connections.parse_database_url(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
         conn_max_age=0 if DB_POOL else env_int("TXHUB_CONN_MAX_AGE", 300),
         conn_health_checks=env_bool("TXHUB_CONN_HEALTH_CHECKS", True),
@@ -260,9 +233,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
-# Redis behind Sentinels (`make run-ha`, docs/decisions/0043): "host:port,..." of the Sentinels
-# and the name of the master they watch. Celery and the cache then ask them where the master is
-# (kombu's and redis-py's Sentinel support); the URLs above give only the database numbers.
+# Redis behind Sentinels (`make run-ha`, decision 0043): "host:port,..." and the master's name;
+# Celery and the cache ask them where the master is (kombu's, redis-py's Sentinel support).
 TXHUB_REDIS_SENTINELS = env_list("TXHUB_REDIS_SENTINELS", "")
 TXHUB_REDIS_SENTINEL_MASTER = env_str("TXHUB_REDIS_SENTINEL_MASTER", "txhub")
 CACHES: dict[str, dict[str, Any]] = {
@@ -276,15 +248,6 @@ CACHES: dict[str, dict[str, Any]] = {
         },
     }
 }
-if TXHUB_REDIS_SENTINELS:
-    CACHES["default"]["OPTIONS"] |= {
-        "pool_class": "txhub.redis_sentinel.CachePool",
-        "sentinels": [
-            (host, int(port))
-            for host, _, port in (item.rpartition(":") for item in TXHUB_REDIS_SENTINELS)
-        ],
-        "service_name": TXHUB_REDIS_SENTINEL_MASTER,
-    }
 TXHUB_THROTTLE_CACHE = "default"
 # Tokens, groups, topics and bindings kept per web process, checked against an epoch in that
 # cache on every request (docs/decisions/0026); this long at most whatever the epoch says. 0: off.
@@ -335,16 +298,11 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDI
 # Redis, without the restore-on-close that kills a worker when Redis goes away (see the module).
 CELERY_BROKER_TRANSPORT = "txhub.broker_transport:Transport"
 if TXHUB_REDIS_SENTINELS:
-    # Celery reads the CELERY_BROKER_URL variable itself, over these settings: both set would
-    # give the Sentinel transport a plain Redis to ask.
-    if os.environ.get("CELERY_BROKER_URL", "sentinel://").split(":")[0] != "sentinel":
-        raise ImproperlyConfigured(
-            "TXHUB_REDIS_SENTINELS and CELERY_BROKER_URL are both set: unset CELERY_BROKER_URL "
-            "(Celery finds the master through the Sentinels)."
-        )
-    CELERY_BROKER_URL = ";".join(f"sentinel://{item}/0" for item in TXHUB_REDIS_SENTINELS)
-    CELERY_BROKER_TRANSPORT = "txhub.broker_transport:SentinelTransport"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": TXHUB_REDIS_SENTINEL_MASTER}
+    _SENTINELS = (TXHUB_REDIS_SENTINELS, TXHUB_REDIS_SENTINEL_MASTER)
+    CACHES["default"]["OPTIONS"] |= connections.cache_through_sentinels(*_SENTINELS)
+    CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT, CELERY_BROKER_TRANSPORT_OPTIONS = (
+        connections.celery_through_sentinels(*_SENTINELS)
+    )
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

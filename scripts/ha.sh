@@ -34,6 +34,7 @@ REQUIREMENTS="$ROOT/scripts/ha/requirements.txt"
 log() { printf '[ha] %s\n' "$*" >&2; }
 
 AS_PG=(); [ "$(id -u)" = 0 ] && AS_PG=(runuser -u "$PG_USER_OS" --)
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 ensure_debian_packages() {
   local missing=()
@@ -44,11 +45,12 @@ ensure_debian_packages() {
     || missing+=(python3-venv)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
-    apt-get update -qq
-    # No service of the package's own is wanted: ours run on our ports, from var/ha.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+    # No service of the packages' own is wanted: ours run on our ports, from var/ha.
     for unit in etcd redis-sentinel; do
-      systemctl disable --now "$unit" >/dev/null 2>&1 || service "$unit" stop >/dev/null 2>&1 || true
+      as_root systemctl disable --now "$unit" >/dev/null 2>&1 \
+        || as_root service "$unit" stop >/dev/null 2>&1 || true
     done
   fi
 }

@@ -36,11 +36,21 @@ ensure_debian_packages() {
   [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
   # The chaos suite's clock-skew case (F12) runs Celery under libfaketime.
   compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(faketime)
+  # The HA cases (F14-F19, tests/chaos/ha.py) run scripts/ha.sh: etcd, Redis Sentinels, and a
+  # venv of Debian's python3 for Patroni.
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+  command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+  /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
     PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+    # Their packages' own services are not wanted: scripts/ha.sh runs ours, on ports of its own.
+    for unit in etcd redis-sentinel; do
+      as_root systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    done
   fi
 }
 

@@ -15,7 +15,7 @@ import requests
 
 pytestmark = pytest.mark.e2e
 
-POOL_TIMEOUT = 3.0
+POOL_TIMEOUT = 1.5
 
 
 def _read_only(cluster: Any, on: bool) -> None:

@@ -42,7 +42,9 @@ def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: A
 
         _wait_for_a_standby(cluster, "a_standby_that_never_comes")
         with pytest.raises(requests.Timeout):  # a send waits for the standby
-            requests.post(f"{api}/topics/sync-rep/messages", json=sent, headers=headers, timeout=3)
+            requests.post(
+                f"{api}/topics/sync-rep/messages", json=sent, headers=headers, timeout=1.5
+            )
         started = time.monotonic()
         received = requests.post(
             f"{api}/consumer-groups/sync-rep-c/receive",
@@ -58,7 +60,7 @@ def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: A
                 f"{api}/consumer-groups/sync-rep-c/ack",
                 json={"receipt_handles": [message["receipt_handle"]]},
                 headers=headers,
-                timeout=3,
+                timeout=1.5,
             )
     finally:
         _wait_for_a_standby(cluster, "")  # the waiting commits return

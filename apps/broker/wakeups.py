@@ -354,18 +354,22 @@ def _conninfo() -> str:
     db = settings.DATABASES["default"]
     options = db.get("OPTIONS") or {}
     pooled_name = options.get("application_name")
+    # The libpq parameters among the pool's options (target_session_attrs with several hosts:
+    # LISTEN on the primary, where the NOTIFYs are sent; keepalives; sslmode; decision 0042).
+    libpq = {key: value for key, value in options.items() if key in _LIBPQ_KEYWORDS}
     return make_conninfo(
+        **{"connect_timeout": 5, **libpq},
         dbname=db["NAME"],
         user=db.get("USER") or None,
         password=db.get("PASSWORD") or None,
         host=db.get("HOST") or None,
         port=str(db.get("PORT") or "") or None,
         application_name=f"{pooled_name}-wakeups" if pooled_name else APPLICATION_NAME,
-        connect_timeout=options.get("connect_timeout", 5),
-        # With several hosts (decision 0042): LISTEN on the primary, where the NOTIFYs are sent.
-        target_session_attrs=options.get("target_session_attrs"),
     )
 
+
+_LIBPQ_KEYWORDS = frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+_LIBPQ_KEYWORDS -= {"dbname", "user", "password", "host", "port", "application_name"}
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 CLUSTER_URL = (
     "postgres://txhub@127.0.0.1:54331,127.0.0.1:54332,127.0.0.1:54333/txhub"
-    "?target_session_attrs=read-write&connect_timeout=2"
+    "?target_session_attrs=read-write&connect_timeout=2&keepalives_idle=5"
 )
 SHOW = """
 import json, django
@@ -60,6 +60,8 @@ def test_a_multi_host_url_gives_libpq_its_host_and_port_lists() -> None:
     # The LISTEN connection finds the primary too: NOTIFY is sent there.
     assert "target_session_attrs=read-write" in found["listen"]
     assert "port=54331,54332,54333" in found["listen"]
+    assert "keepalives_idle=5" in found["listen"]
+    assert "connect_timeout=2" in found["listen"]
     # The nightly job gets the same hosts (it reads a standby through JDBC by itself).
     assert found["job"] == (
         "postgresql://txhub@127.0.0.1:54331,127.0.0.1:54332,127.0.0.1:54333/txhub"

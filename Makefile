@@ -3,13 +3,19 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint bench chaos setup down clean schema
+.PHONY: run run-ha test lint bench chaos setup down clean schema
 
 setup:
 	scripts/services.sh up
 
 run: setup
 	scripts/run.sh
+
+# The same processes on a three-node Postgres cluster (Patroni + etcd) and Redis with a replica and
+# three Sentinels, under var/ha (scripts/ha.sh; README "High availability"). Two beats.
+run-ha:
+	scripts/ha.sh up
+	scripts/ha.sh run
 
 test:
 	scripts/test.sh $(PYTEST_ARGS)
@@ -29,6 +35,7 @@ chaos: setup
 
 down:
 	scripts/services.sh down
+	scripts/ha.sh down
 
 clean: down
 	rm -rf var

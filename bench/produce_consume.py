@@ -258,7 +258,10 @@ def run_pgbench(name: str, clients: int, seconds: int, mode: str = "simple") -> 
         command += ["-f", script.name, db["NAME"]]
         for key, value in variables.items():
             command += ["-D", f"{key}={value}"]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        # A Patroni cluster's host list (make run-ha): libpq keeps the node that takes writes.
+        attrs = (db.get("OPTIONS") or {}).get("target_session_attrs")
+        env = {**os.environ, **({"PGTARGETSESSIONATTRS": attrs} if attrs else {})}
+        result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"pgbench failed:\n{result.stdout}\n{result.stderr[-2000:]}")
     match = re.search(r"tps = ([\d.]+)", result.stdout)

@@ -2,11 +2,16 @@
 # `make run`: after scripts/services.sh up, makes sure a console superuser exists, then runs
 # gunicorn (uvicorn workers), a Celery worker and Celery beat in the foreground. Ctrl-C or SIGTERM stops them all,
 # and the Postgres and Redis this run started.
+# `make run-ha` runs it too, after scripts/ha.sh up, with the cluster's environment (var/ha/env),
+# TXHUB_SERVICES=scripts/ha.sh (stopped at the end instead) and TXHUB_BEATS=2.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BIN="$ROOT/.venv/bin"
 PORT="${TXHUB_PORT:-8000}"
+SERVICES="${TXHUB_SERVICES:-scripts/services.sh}"
+# The environment given here is the whole story: a var/ha/env left behind is not read.
+export TXHUB_HA_ENV_FILE=""
 mkdir -p var/run
 # Event counters of every web and Celery process are summed from here at scrape time
 # (prometheus-client's multiprocess mode); a new run starts them from zero.
@@ -20,11 +25,14 @@ LOGIN="$("$BIN/python" manage.py ensure_superuser)"
 
 pids=()
 stop() {
-  trap - INT TERM EXIT
+  # Signals that arrive while stopping are ignored, not fatal: make forwards its SIGTERM to this
+  # script after the process group got one, and the services must still be stopped.
+  trap '' INT TERM
+  trap - EXIT
   echo "[run] stopping txhub" >&2
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  scripts/services.sh down
+  "$SERVICES" down
 }
 trap stop INT TERM EXIT
 
@@ -55,9 +63,14 @@ pids+=($!)
   -Q callbacks -n "callbacks@%h" &
 pids+=($!)
 # Beat's "Sending due task" lines (several a second) are DEBUG chatter; warnings still show.
-"$BIN/celery" -A txhub beat --loglevel "${TXHUB_BEAT_LOG_LEVEL:-WARNING}" \
-  --schedule var/run/celerybeat-schedule &
-pids+=($!)
+# More than one beat is safe, as on every machine of a cluster: each scan claims its rows
+# (docs/decisions/0044), so a second beat only triggers scans that find nothing to do.
+for n in $(seq 1 "${TXHUB_BEATS:-1}"); do
+  schedule=var/run/celerybeat-schedule
+  [ "$n" = 1 ] || schedule="$schedule-$n"
+  "$BIN/celery" -A txhub beat --loglevel "${TXHUB_BEAT_LOG_LEVEL:-WARNING}" --schedule "$schedule" &
+  pids+=($!)
+done
 
 # The banner is the last thing printed before traffic: after the API answers and the workers
 # reply to a ping.

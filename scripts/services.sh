@@ -4,6 +4,7 @@
 #
 #   scripts/services.sh up      install what is missing, start Postgres + Redis, migrate
 #   scripts/services.sh down    stop the Postgres + Redis started from this checkout
+#   scripts/services.sh prepare install what is missing, write the keys; start nothing
 #   scripts/services.sh restart-postgres [--immediate]
 set -euo pipefail
 
@@ -15,6 +16,8 @@ PG_PORT="${TXHUB_PG_PORT:-54329}"
 REDIS_PORT="${TXHUB_REDIS_PORT:-63799}"
 PG_USER_OS="${TXHUB_PG_OS_USER:-txhub-pg}"   # Postgres refuses to run as root
 PG_BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+# These are the local services: manage.py below must not follow a running `make run-ha`'s env.
+export TXHUB_HA_ENV_FILE=""
 
 log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -33,11 +36,21 @@ ensure_debian_packages() {
   [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
   # The chaos suite's clock-skew case (F12) runs Celery under libfaketime.
   compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(faketime)
+  # The HA cases (F14-F19, tests/chaos/ha.py) run scripts/ha.sh: etcd, Redis Sentinels, and a
+  # venv of Debian's python3 for Patroni.
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+  command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+  /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
   if [ "${#missing[@]}" -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
     PG_BIN="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+    # Their packages' own services are not wanted: scripts/ha.sh runs ours, on ports of its own.
+    for unit in etcd redis-sentinel; do
+      as_root systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    done
   fi
 }
 
@@ -145,6 +158,12 @@ case "${1:-up}" in
     secret_key_up
     (cd "$ROOT" && "$VENV/bin/python" manage.py migrate --noinput -v 0)
     ;;
+  # What `make run-ha` (scripts/ha.sh) needs of this script: packages, the venv, the keys.
+  prepare)
+    ensure_debian_packages
+    ensure_venv
+    secret_key_up
+    ;;
   down) down ;;
   restart-postgres)
     # --immediate: stop like a crash (no shutdown checkpoint; WAL replay on start). Used by tests.
@@ -152,5 +171,5 @@ case "${1:-up}" in
     pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -m "$mode" -w stop >/dev/null
     pg_run "$PG_BIN/pg_ctl" -D "$(pg_data_dir)" -l "$(pg_data_dir)/server.log" -w -t 60 start >/dev/null
     ;;
-  *) echo "usage: $0 up|down|restart-postgres [--immediate]" >&2; exit 2 ;;
+  *) echo "usage: $0 up|prepare|down|restart-postgres [--immediate]" >&2; exit 2 ;;
 esac

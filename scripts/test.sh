@@ -11,6 +11,8 @@ fi
 scripts/services.sh up
 # The tests' producers listen on http://127.0.0.1 (refused in production by default).
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
+# The tests use the local services above, even while `make run-ha` runs (var/ha/env is not read).
+export TXHUB_HA_ENV_FILE=""
 # The tests' cache (rate limits, the configuration epoch) is Redis database 4, not `make run`'s 3:
 # a test run beside a running `make run` neither resets its epoch nor shares its counters.
 export TXHUB_CACHE_URL="${TXHUB_CACHE_URL:-redis://127.0.0.1:${TXHUB_REDIS_PORT:-63799}/4}"

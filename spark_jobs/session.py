@@ -20,14 +20,24 @@ class Database:
 
     @classmethod
     def from_url(cls, url: str) -> "Database":
+        """A one-host URL, or libpq's multi-host form (postgresql://user@h1:p1,h2:p2/db?...,
+        docs/decisions/0042): then Spark reads a standby (JDBC's targetServerType), so the
+        primary does not pay for the extract, while psycopg (bounds, rechecks, the load) goes
+        where the URL's target_session_attrs says, the primary."""
         parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+        userinfo, _, hostlist = parts.netloc.rpartition("@")
+        raw_user, _, raw_password = userinfo.partition(":")
+        addresses = []
+        for item in (hostlist or "127.0.0.1").split(","):
+            host, colon, port = item.rpartition(":")
+            has_port = bool(colon) and not item.endswith("]")
+            addresses.append(f"{host if has_port else item}:{port if has_port else 5432}")
         name = parts.path.lstrip("/")
-        user, password = unquote(parts.username or ""), unquote(parts.password or "")
+        standby = "?targetServerType=preferSecondary" if len(addresses) > 1 else ""
         return cls(
-            jdbc_url=f"jdbc:postgresql://{host}:{port}/{name}",
-            user=user,
-            password=password,
+            jdbc_url=f"jdbc:postgresql://{','.join(addresses)}/{name}{standby}",
+            user=unquote(raw_user),
+            password=unquote(raw_password),
             conninfo=url.replace("postgresql+psycopg://", "postgresql://", 1),
         )
 

@@ -48,3 +48,14 @@ class Channel(redis.Channel):
 
 class Transport(redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(redis.SentinelChannel):
+    """The same channel, its Redis found through Sentinels (docs/decisions/0043)."""
+
+    QoS = QoS
+    do_restore = False
+
+
+class SentinelTransport(redis.SentinelTransport):
+    Channel = SentinelChannel

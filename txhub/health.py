@@ -5,7 +5,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -14,6 +13,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from apps.broker.metrics import DatabaseCollector, scrape_registry
+from txhub.redis_sentinel import broker_client
 
 
 class CachedCollector(Collector):
@@ -56,7 +56,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     except Exception as error:  # noqa: BLE001 - any failure means "not ready"
         checks["postgres"] = f"error: {error.__class__.__name__}"
     try:
-        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2).ping()
+        broker_client(socket_timeout=2).ping()
         checks["redis"] = "ok"
     except Exception as error:  # noqa: BLE001
         checks["redis"] = f"error: {error.__class__.__name__}"

@@ -8,12 +8,20 @@ import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
+from txhub import connections
+
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+# `make run-ha` writes var/ha/env while its cluster runs: manage.py here reaches it with no more
+# environment (decision 0042). Set variables win; "" ignores it (`make run`, `make test` do).
+HA_ENV_FILE = os.environ.get("TXHUB_HA_ENV_FILE", str(BASE_DIR / "var" / "ha" / "env"))
+if HA_ENV_FILE:
+    connections.read_env_file(Path(HA_ENV_FILE))
 
 
 def env_str(name: str, default: str) -> str:
@@ -114,6 +122,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.console.unavailable.DatabaseUnavailableMiddleware",  # a banner, not a 500, if no DB
     # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -150,7 +159,7 @@ TXHUB_REDIS_PORT = env_int("TXHUB_REDIS_PORT", 63799)
 # TXHUB_DB_POOL=0 goes back to per-thread persistent connections (gthread only).
 DB_POOL = env_bool("TXHUB_DB_POOL", True)
 DATABASES = {
-    "default": dj_database_url.parse(
+    "default": connections.parse_database_url(
         env_str("DATABASE_URL", f"postgres://txhub@127.0.0.1:{TXHUB_PG_PORT}/txhub"),
         conn_max_age=0 if DB_POOL else env_int("TXHUB_CONN_MAX_AGE", 300),
         conn_health_checks=env_bool("TXHUB_CONN_HEALTH_CHECKS", True),
@@ -224,7 +233,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
-CACHES = {
+# Redis behind Sentinels (`make run-ha`, decision 0043): "host:port,..." and the master's name;
+# Celery and the cache ask them where the master is (kombu's, redis-py's Sentinel support).
+TXHUB_REDIS_SENTINELS = env_list("TXHUB_REDIS_SENTINELS", "")
+TXHUB_REDIS_SENTINEL_MASTER = env_str("TXHUB_REDIS_SENTINEL_MASTER", "txhub")
+CACHES: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": TXHUB_CACHE_URL,
@@ -284,6 +297,12 @@ SPECTACULAR_SETTINGS = {
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/0")
 # Redis, without the restore-on-close that kills a worker when Redis goes away (see the module).
 CELERY_BROKER_TRANSPORT = "txhub.broker_transport:Transport"
+if TXHUB_REDIS_SENTINELS:
+    _SENTINELS = (TXHUB_REDIS_SENTINELS, TXHUB_REDIS_SENTINEL_MASTER)
+    CACHES["default"]["OPTIONS"] |= connections.cache_through_sentinels(*_SENTINELS)
+    CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT, CELERY_BROKER_TRANSPORT_OPTIONS = (
+        connections.celery_through_sentinels(*_SENTINELS)
+    )
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

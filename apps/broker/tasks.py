@@ -107,5 +107,6 @@ def retention_sweep() -> dict[str, int]:
 @shared_task(acks_late=False)
 def reconcile_nightly() -> str:
     yesterday = timezone.now().date() - timedelta(days=1)
-    run = reconciliation.reconciliation_run(day=yesterday, master=settings.TXHUB_SPARK_MASTER)
-    return f"{run.day} {run.status}"
+    master = settings.TXHUB_SPARK_MASTER
+    run = reconciliation.reconciliation_run_nightly(day=yesterday, master=master)
+    return f"{yesterday} already run by another beat" if run is None else f"{run.day} {run.status}"

@@ -352,17 +352,24 @@ async def _read_notifies(
 
 def _conninfo() -> str:
     db = settings.DATABASES["default"]
-    pooled_name = (db.get("OPTIONS") or {}).get("application_name")
+    options = db.get("OPTIONS") or {}
+    pooled_name = options.get("application_name")
+    # The libpq parameters among the pool's options (target_session_attrs with several hosts:
+    # LISTEN on the primary, where the NOTIFYs are sent; keepalives; sslmode; decision 0042).
+    libpq = {key: value for key, value in options.items() if key in _LIBPQ_KEYWORDS}
     return make_conninfo(
+        **{"connect_timeout": 5, **libpq},
         dbname=db["NAME"],
         user=db.get("USER") or None,
         password=db.get("PASSWORD") or None,
         host=db.get("HOST") or None,
         port=str(db.get("PORT") or "") or None,
         application_name=f"{pooled_name}-wakeups" if pooled_name else APPLICATION_NAME,
-        connect_timeout=5,
     )
 
+
+_LIBPQ_KEYWORDS = frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+_LIBPQ_KEYWORDS -= {"dbname", "user", "password", "host", "port", "application_name"}
 
 T = TypeVar("T")
 

@@ -101,3 +101,15 @@ def test_the_nightly_task_reconciles_yesterday_and_records_a_failure(
     run = ReconciliationRun.objects.get()
     assert run.day == timezone.now().date() - timedelta(days=1)
     assert run.status == RunStatus.FAILED
+
+
+def test_a_second_beats_nightly_task_runs_nothing_once_the_day_is_claimed(
+    transactional_db: None, settings: Any
+) -> None:
+    # Every machine runs a beat (decision 0044): the second trigger of a night finds its run.
+    settings.TXHUB_SPARK_SUBMIT = "/bin/false"
+    assert tasks.reconcile_nightly().endswith("FAILED")  # a failed day may run again ...
+    assert tasks.reconcile_nightly().endswith("FAILED")
+    ReconciliationRun.objects.update(status=RunStatus.RUNNING)  # ... one under way may not
+    assert tasks.reconcile_nightly().endswith("already run by another beat")
+    assert ReconciliationRun.objects.count() == 2

@@ -126,6 +126,9 @@ def check(fault: str, topic: str, history: History, sql: Any) -> Report:
     report.unexpected = sorted((bodies & must_not) | (bodies - sent))
     report.duplicated = _duplicates(history, received)
     report.skipped = _skips(received, topic, sql)
+    undone = _receives_undone(received)
+    if undone:
+        report.notes.append(f"{undone} receives undone by a crash or failover (redelivered)")
     report.conflicting = _conflicts(history, topic, sql)
     report.unavailable = _unavailable(history)
     report.malformed = _malformed(history)
@@ -177,8 +180,14 @@ def _duplicates(history: History, received: list[Delivery]) -> list[str]:
 def _skips(received: list[Delivery], topic: str, sql: Any) -> list[str]:
     found = []
     last: dict[tuple[str, int], int] = {}
+    seen: set[str] = set()
     for d in sorted(received, key=lambda d: d.invoked):
-        if d.attempt != 1:
+        again = d.msg_id in seen
+        seen.add(d.msg_id)
+        # Order is a property of first deliveries. A message seen before is redelivered: after
+        # its invisible time, or because a crash or failover undid its receive (committed with
+        # synchronous_commit=off: it comes back as attempt 1; decisions 0025, 0042).
+        if d.attempt != 1 or again:
             continue
         key = (d.process, d.queue_id)
         if d.queue_offset <= last.get(key, -1):
@@ -202,6 +211,15 @@ def _skips(received: list[Delivery], topic: str, sql: Any) -> list[str]:
             missing = sorted(logged[queue_id] - got[queue_id])[:5]
             found.append(f"q{queue_id}: offsets never received {missing}")
     return found
+
+
+def _receives_undone(received: list[Delivery]) -> int:
+    """Messages delivered as attempt 1 more than once: the server forgot the first receive."""
+    firsts: dict[str, int] = defaultdict(int)
+    for d in received:
+        if d.attempt == 1:
+            firsts[d.msg_id] += 1
+    return sum(1 for count in firsts.values() if count > 1)
 
 
 def _conflicts(history: History, topic: str, sql: Any) -> list[str]:

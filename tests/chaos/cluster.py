@@ -46,7 +46,7 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 class Cluster:
     """Everything txhub needs, private to one chaos run. `env` is what every txhub process gets."""
 
-    def __init__(self, *, settings: dict[str, str], web_workers: int = 2) -> None:
+    def __init__(self, *, settings: dict[str, str], web_workers: int = 2, beats: int = 1) -> None:
         # /var/tmp, not /tmp under a private root: the unprivileged Postgres user must reach it.
         self.dir = Path(tempfile.mkdtemp(prefix="txhub-chaos-", dir="/var/tmp"))
         os.chmod(self.dir, 0o755)  # noqa: S103 - readable by the Postgres user; no secrets
@@ -68,6 +68,8 @@ class Cluster:
         self.web: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
+        self.beats = beats  # more than one: as on every machine of a cluster (decision 0044)
+        self.more_beats: list[subprocess.Popen[bytes]] = []
         self.token = ""  # an admin token, once the database exists
 
     @property
@@ -220,12 +222,14 @@ class Cluster:
 
     def celery_start(self) -> None:
         """The worker(s) and beat of scripts/run.sh, with this cluster's environment."""
-        for command in celery_commands(self.dir):
+        for command in celery_commands(self.dir, beats=self.beats):
             process = self._spawn(*command)
-            if "beat" in command:
+            if "beat" not in command:
+                self.workers.append(process)
+            elif self.beat is None:
                 self.beat = process
             else:
-                self.workers.append(process)
+                self.more_beats.append(process)
         wait_for(self._workers_answer, 60, "Celery workers")
 
     def _workers_answer(self) -> bool:
@@ -242,9 +246,9 @@ class Cluster:
     def celery_restart(self, **env: str) -> None:
         """Workers and beat stopped and started again with these variables added (a failpoint
         armed, say) or, with none, the cluster's own environment again."""
-        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+        for process in self._celery_processes():
             _killpg(process, signal.SIGTERM, wait=20)
-        self.workers, self.beat = [], None
+        self.workers, self.beat, self.more_beats = [], None, []
         saved = dict(self.env)
         self.env.update(env)
         try:
@@ -254,9 +258,12 @@ class Cluster:
 
     def celery_kill(self) -> None:
         """kill -9 of every worker (with its pool children) and of beat: a crash."""
-        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+        for process in self._celery_processes():
             _killpg(process, signal.SIGKILL)
-        self.workers, self.beat = [], None
+        self.workers, self.beat, self.more_beats = [], None, []
+
+    def _celery_processes(self) -> list[subprocess.Popen[bytes]]:
+        return [*self.workers, *([self.beat] if self.beat else []), *self.more_beats]
 
     def start(self) -> None:
         self.pg_init()
@@ -265,7 +272,7 @@ class Cluster:
         self.celery_start()
 
     def stop(self) -> None:
-        for process in [*self.workers, *([self.beat] if self.beat else []), self.web]:
+        for process in [*self._celery_processes(), self.web]:
             if process is not None:
                 _killpg(process, signal.SIGTERM, wait=10)
         if getattr(self, "redis", None) is not None:
@@ -277,8 +284,8 @@ class Cluster:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def celery_commands(tmp: Path) -> list[list[str]]:
-    """As scripts/run.sh starts them (kept in step with it)."""
+def celery_commands(tmp: Path, beats: int = 1) -> list[list[str]]:
+    """As scripts/run.sh starts them (kept in step with it; `beats` as its TXHUB_BEATS)."""
     celery = str(BIN / "celery")
     name = secrets.token_hex(3)
     return [
@@ -286,8 +293,10 @@ def celery_commands(tmp: Path) -> list[list[str]]:
         + ["-Q", "celery", "-n", f"chaos-{name}@%h", "--without-mingle", "--without-gossip"],
         [celery, "-A", "txhub", "worker", "--loglevel", "INFO", "--concurrency", "8"]
         + ["-Q", "callbacks", "-n", f"chaos-cb-{name}@%h", "--without-mingle", "--without-gossip"],
+    ] + [
         [celery, "-A", "txhub", "beat", "--loglevel", "INFO"]
-        + ["--schedule", str(tmp / f"beat-{name}")],
+        + ["--schedule", str(tmp / f"beat-{name}-{n}")]
+        for n in range(beats)
     ]
 
 

@@ -100,6 +100,37 @@ def test_checker_sees_a_duplicate_after_ack(
     assert check("control", topic, broken, cluster.sql).duplicated == [message["msg_id"]]
 
 
+def test_checker_sees_first_deliveries_out_of_order(
+    cluster: Cluster, baseline: tuple[str, History]
+) -> None:
+    topic, history = baseline
+    broken = _copy(history)
+    receive = next(
+        op
+        for op in reversed(broken.ops)
+        if op.f == "receive" and op.type == "ok" and op.result["body"]["messages"]
+    )
+    message = receive.result["body"]["messages"][-1]
+    # A message never seen before, first delivered at offset 0 after later offsets of its queue:
+    # a skip. (A message seen before coming back is a redelivery, and is not.)
+    later = replace(receive, index=len(broken.ops), invoked=receive.invoked + 0.001)
+    later.result = {
+        "status": 200,
+        "body": {
+            "messages": [
+                {**message, "msg_id": "never-seen", "queue_offset": 0, "delivery_attempt": 1}
+            ]
+        },
+    }
+    broken.ops.append(later)
+    again = replace(receive, index=len(broken.ops), invoked=receive.invoked + 0.002)
+    again.result = {"status": 200, "body": {"messages": [{**message, "delivery_attempt": 1}]}}
+    broken.ops.append(again)
+    skipped = check("control", topic, broken, cluster.sql).skipped
+    assert any(f"saw q{message['queue_id']}@0 after" in item for item in skipped), skipped
+    assert len(skipped) == 1, skipped
+
+
 def test_checker_sees_a_rolled_back_message_delivered(
     cluster: Cluster, baseline: tuple[str, History]
 ) -> None:

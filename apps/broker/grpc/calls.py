@@ -10,7 +10,14 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from apps.broker import limits, wakeups
-from apps.broker.grpc.protocol import Code, Refusal, limit_refusal, refusal_of, status
+from apps.broker.grpc.protocol import (
+    Code,
+    Refusal,
+    limit_refusal,
+    refusal_of,
+    status,
+    unavailable_refusal,
+)
 from apps.broker.services.errors import BrokerError
 
 log = logging.getLogger("txhub.grpc")
@@ -85,7 +92,11 @@ def unary(response: Any, *, not_found: int = Code.NOT_FOUND) -> Callable[[Handle
             except limits.LimitError as error:
                 limited = limit_refusal(error)
                 return response(status=status(limited.code, limited.message))
-            except Exception:
+            except Exception as error:
+                down = unavailable_refusal(error)
+                if down is not None:
+                    log.warning("gRPC %s: %s", method.__name__, error)
+                    return response(status=status(down.code, down.message))
                 log.exception("gRPC %s failed", method.__name__)
                 return response(status=status(Code.INTERNAL_ERROR, "Internal error."))
 

@@ -10,15 +10,13 @@ import json
 import uuid
 from typing import Any
 
-import redis.asyncio
-from django.conf import settings
-
 from apps.broker.grpc import streams
 from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import message_of, pb, rpc
 from apps.broker.models import HalfMessage
 from apps.broker.models import TransactionState as State
 from apps.broker.services import checkback_stream, clients
+from txhub.redis_sentinel import broker_async_client
 
 CHANNEL_PREFIX = checkback_stream.CHANNEL_PREFIX
 
@@ -30,7 +28,7 @@ def channel_of(process: str) -> str:
 async def listen(*, process: str) -> None:
     """Forwards every check request published for this process to the client's stream."""
     while True:
-        client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
+        client = broker_async_client()
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(channel_of(process))

@@ -21,6 +21,7 @@ from apps.broker.grpc.protocol import (
     rpc,
     status,
     timestamp,
+    unavailable_refusal,
 )
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
@@ -107,9 +108,12 @@ class ConsumerRpcs:
             mapped = refusal_of(error)
             yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
             return
-        except Exception:
-            log.exception("gRPC ReceiveMessage failed")
-            yield rpc.ReceiveMessageResponse(status=status(Code.INTERNAL_ERROR, "Internal error."))
+        except Exception as error:
+            down = unavailable_refusal(error)
+            if down is None:
+                log.exception("gRPC ReceiveMessage failed")
+                down = Refusal(Code.INTERNAL_ERROR, "Internal error.")
+            yield rpc.ReceiveMessageResponse(status=status(down.code, down.message))
             return
         if not received:
             yield rpc.ReceiveMessageResponse(

@@ -8,6 +8,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import InterfaceError, OperationalError
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -15,7 +16,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as rpc_grpc
 
 from apps.broker import limits
 from apps.broker.models import CommitLogEntry, HalfMessage
-from apps.broker.services.errors import BrokerError, Conflict, Forbidden, NotFound
+from apps.broker.services.errors import BrokerError, Conflict, Forbidden, NotFound, Unavailable
 
 Code = pb.Code
 __all__ = ["Code", "Refusal", "pb", "rpc", "rpc_grpc"]
@@ -34,8 +35,13 @@ def status(code: int = Code.OK, message: str = "OK") -> Any:
     return pb.Status(code=code, message=message)
 
 
+UNAVAILABLE = "The database is unavailable; try again."
+
+
 def refusal_of(error: BrokerError, *, not_found: int = Code.NOT_FOUND) -> Refusal:
     """The protocol code for a service's error (the REST door maps the same errors to HTTP)."""
+    if isinstance(error, Unavailable):
+        return Refusal(Code.HA_NOT_AVAILABLE, error.message)
     if isinstance(error, NotFound):
         return Refusal(not_found, error.message)
     if isinstance(error, Forbidden):
@@ -113,3 +119,13 @@ def message_of(
         system_properties=system,
         body=body,
     )
+
+
+def unavailable_refusal(error: Exception) -> Refusal | None:
+    """The answer to the database being unreachable (no primary during a failover, Postgres
+    down): HA_NOT_AVAILABLE, RocketMQ's unavailable-class code, which its clients retry, as the
+    REST door answers 503 `unavailable` (CONTRACT 7, docs/decisions/0042). None for any other
+    error."""
+    if isinstance(error, OperationalError | InterfaceError):
+        return Refusal(Code.HA_NOT_AVAILABLE, UNAVAILABLE)
+    return None

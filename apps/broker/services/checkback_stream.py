@@ -11,7 +11,6 @@ from collections.abc import Collection
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -21,6 +20,7 @@ from apps.broker.services import clients, transactions
 from apps.broker.services.check_ops import CHECK_BACK, record_check
 from apps.broker.services.errors import NotFound
 from apps.broker.services.transactions import Actor
+from txhub.redis_sentinel import broker_client
 
 # The gRPC processes' channels (apps/broker/grpc/checks.py subscribes to its own).
 CHANNEL_PREFIX = "txhub:grpc:check:"
@@ -36,7 +36,7 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     if not producers:
         return None
     request = json.dumps({"transaction_id": str(half.transaction_id)})
-    connection = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+    connection = broker_client(socket_timeout=2)
     try:
         for producer in producers:
             payload = json.loads(request) | {"client_id": producer.client_id}

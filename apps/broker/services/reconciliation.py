@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.broker.models import ReconciliationRun, RunStatus
@@ -22,14 +22,19 @@ JOB = ROOT / "spark_jobs" / "reconcile.py"
 
 
 def database_url() -> str:
-    """The database Django uses (the test database under tests), as a URL for the job."""
+    """The database Django uses (the test database under tests), as a URL for the job; with
+    several hosts (docs/decisions/0042) in libpq's multi-host form, asking for the primary (the
+    job reads a standby through JDBC by itself)."""
     db = connection.settings_dict
     credentials = quote(db["USER"] or "", safe="")
     if db["PASSWORD"]:
         credentials += ":" + quote(db["PASSWORD"], safe="")
-    return (
-        f"postgresql://{credentials}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    )
+    hosts = str(db["HOST"] or "127.0.0.1").split(",")
+    ports = str(db["PORT"] or 5432).split(",")
+    addresses = ",".join(f"{host}:{port}" for host, port in zip(hosts, ports, strict=True))
+    options = db.get("OPTIONS") or {}
+    query = "?target_session_attrs=read-write" if options.get("target_session_attrs") else ""
+    return f"postgresql://{credentials}@{addresses}/{db['NAME']}{query}"
 
 
 def spark_submit_command(*, day: date, master: str, run_id: int) -> list[str]:
@@ -60,8 +65,32 @@ def spark_submit_command(*, day: date, master: str, run_id: int) -> list[str]:
     ]
 
 
+# The key of the advisory lock under which a nightly run claims its day (any fixed number).
+NIGHTLY_CLAIM_LOCK = 0x7478_6E69  # "txni"
+
+
+def reconciliation_run_nightly(*, day: date, master: str) -> ReconciliationRun | None:
+    """The nightly run of `day`, once however many beats trigger it (one per machine, decision
+    0044); None when another run of that day is under way or has succeeded. A failed day runs
+    again when triggered again."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # Lock (advisory, to the end of this transaction): two beats' tasks that start
+            # together must not both find no run of the day and both start one.
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [NIGHTLY_CLAIM_LOCK])
+        if ReconciliationRun.objects.filter(day=day).exclude(status=RunStatus.FAILED).exists():
+            return None
+        run = ReconciliationRun.objects.create(day=day, master=master)
+    return _execute(run)
+
+
 def reconciliation_run(*, day: date, master: str) -> ReconciliationRun:
-    run = ReconciliationRun.objects.create(day=day, master=master)
+    """A run of `day` now (manage.py reconcile, an operator's rerun), whatever ran before."""
+    return _execute(ReconciliationRun.objects.create(day=day, master=master))
+
+
+def _execute(run: ReconciliationRun) -> ReconciliationRun:
+    day, master = run.day, run.master
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),

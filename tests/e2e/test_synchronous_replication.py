@@ -1,0 +1,69 @@
+"""What synchronous replication asks of each write (docs/decisions/0042, 0025), on the test's
+own Postgres (`private_cluster`) told to wait for a standby that never comes: a send and an ack
+are answered only once a standby has them (here: never, until the wait is lifted), while a
+receive (`synchronous_commit = off`) is answered at once. So across a failover a receive may be
+undone (its message comes back before its invisible time: at-least-once), but never an ack or a
+send that was answered: WAL reaches the standby in order, and their answers waited for it."""
+
+import os
+import time
+from typing import Any
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+
+def _wait_for_a_standby(cluster: Any, name: str) -> None:
+    cluster.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+    cluster.sql("SELECT pg_reload_conf()")
+    time.sleep(0.5)  # every backend has read it
+
+
+def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: Any) -> None:
+    cluster = private_cluster
+    token = cluster.manage("create_token", "sync-rep", "--scope", "admin").split()[0]
+    headers = {"Authorization": f"Bearer {token}"}
+    api = f"{cluster.base}/api/v1"
+    cluster.web_start()
+    try:
+        for path, payload in [
+            ("/topics", {"name": "sync-rep", "queues": 1}),
+            ("/producer-groups", {"name": "sync-rep-p", "check_url": "http://127.0.0.1:9/c"}),
+            ("/consumer-groups", {"name": "sync-rep-c"}),
+        ]:
+            assert requests.post(api + path, json=payload, headers=headers, timeout=10).ok
+        sent = {"producer_group": "sync-rep-p", "body": "one"}
+        first = requests.post(
+            f"{api}/topics/sync-rep/messages", json=sent, headers=headers, timeout=10
+        )
+        assert first.ok, first.text
+
+        _wait_for_a_standby(cluster, "a_standby_that_never_comes")
+        with pytest.raises(requests.Timeout):  # a send waits for the standby
+            requests.post(
+                f"{api}/topics/sync-rep/messages", json=sent, headers=headers, timeout=1.5
+            )
+        started = time.monotonic()
+        received = requests.post(
+            f"{api}/consumer-groups/sync-rep-c/receive",
+            json={"topic": "sync-rep", "max_messages": 1},
+            headers=headers,
+            timeout=10,
+        )
+        assert received.status_code == 200, received.text
+        assert time.monotonic() - started < 2  # a receive does not wait
+        [message] = received.json()["messages"]
+        with pytest.raises(requests.Timeout):  # an ack does
+            requests.post(
+                f"{api}/consumer-groups/sync-rep-c/ack",
+                json={"receipt_handles": [message["receipt_handle"]]},
+                headers=headers,
+                timeout=1.5,
+            )
+    finally:
+        _wait_for_a_standby(cluster, "")  # the waiting commits return
+        os.killpg(cluster.web.pid, 9)
+        cluster.web.wait()
+        cluster.web = None

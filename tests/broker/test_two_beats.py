@@ -12,8 +12,8 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, Delivery, DeliveryState
-from apps.broker.services import consuming, delivery, registry, sending, transactions
-from tests.broker.test_checkback import PRODUCER, make_group, prepare
+from apps.broker.services import consuming, dead_letters, delivery, registry, sending, transactions
+from tests.support.transactions import PRODUCER, make_group, prepare
 
 SCANS = 3  # three machines, a beat on each
 
@@ -79,6 +79,6 @@ def test_exhausted_deliveries_are_dead_lettered_once_by_scans_running_together(
     consuming.message_receive(group=billing, topic=topic, max_messages=32, invisible_seconds=60)
     Delivery.objects.update(invisible_until=timezone.now() - timedelta(seconds=1))
 
-    expired = together(consuming.deliveries_expire)
+    expired = together(dead_letters.deliveries_expire)
     assert sum(expired) == 40  # each row dead-lettered by exactly one of the scans
     assert Delivery.objects.filter(state=DeliveryState.DLQ).count() == 40

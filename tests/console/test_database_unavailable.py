@@ -7,7 +7,7 @@ import pytest
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import OperationalError
 
-from tests.console.test_console_views import login
+from tests.support.console import login
 
 
 def _database_gone(*args: Any, **kwargs: Any) -> Any:

@@ -33,7 +33,8 @@ REQUIREMENTS="$ROOT/scripts/ha/requirements.txt"
 
 log() { printf '[ha] %s\n' "$*" >&2; }
 
-AS_PG=(); [ "$(id -u)" = 0 ] && AS_PG=(runuser -u "$PG_USER_OS" --)
+# setpriv execs (runuser would stay as a parent, and stop for good with a SIGSTOPped Patroni).
+AS_PG=(); [ "$(id -u)" = 0 ] && AS_PG=(setpriv --reuid="$PG_USER_OS" --regid="$PG_USER_OS" --init-groups --)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 ensure_debian_packages() {
@@ -105,7 +106,7 @@ node_up() {
   [ "$(id -u)" = 0 ] && chown "$PG_USER_OS" "$node_dir/patroni.yml"
   log "starting Patroni node$n (Postgres 127.0.0.1:${PG_PORTS[$((n - 1))]}, REST :${REST_PORTS[$((n - 1))]})"
   # The shell writes Patroni's own pid (exec), so a chaos case can SIGKILL exactly it.
-  setsid "${AS_PG[@]}" /bin/sh -c 'echo $$ >"$1"; exec "$2" "$3"' sh \
+  setsid "${AS_PG[@]}" env HOME="$node_dir" /bin/sh -c 'echo $$ >"$1"; exec "$2" "$3"' sh \
     "$pid_file" "$venv/bin/patroni" "$node_dir/patroni.yml" \
     >>"$node_dir/patroni.log" 2>&1 </dev/null &
 }

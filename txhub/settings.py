@@ -185,9 +185,10 @@ if DB_POOL:
         "max_size": TXHUB_DB_POOL_SIZE,
         # A request waits this long for a free connection before it answers 503.
         "timeout": env_float("TXHUB_DB_POOL_TIMEOUT", 10),
-        # Failed reconnects back off 1, 2, 4 ... s; give up (and start again from 0 s on the next
-        # checkout) after this, so a Postgres that is back is used at once (decision 0024).
+        # Failed reconnects back off 1, 2, 4 ... s; give up after this, and start again at once
+        # while requests wait: a Postgres that is back is used at once (decisions 0024, 0042).
         "reconnect_timeout": env_float("TXHUB_DB_POOL_RECONNECT_TIMEOUT", 2),
+        "reconnect_failed": connections.reconnect_while_waited_for,
     }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -233,8 +234,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
-# Redis behind Sentinels (`make run-ha`, decision 0043): "host:port,..." and the master's name;
-# Celery and the cache ask them where the master is (kombu's, redis-py's Sentinel support).
+# Redis behind Sentinels ("host:port,..."; decision 0043): Celery and the cache ask them for it.
 TXHUB_REDIS_SENTINELS = env_list("TXHUB_REDIS_SENTINELS", "")
 TXHUB_REDIS_SENTINEL_MASTER = env_str("TXHUB_REDIS_SENTINEL_MASTER", "txhub")
 CACHES: dict[str, dict[str, Any]] = {

@@ -30,19 +30,13 @@ from apps.broker.services import registry
 from tests.conftest import ROOT, db_url_for_tests, start_gunicorn
 from tests.support.listening import database_now, hub_listening
 from tests.support.ports import free_port
+from tests.support.production import BEHIND_A_TLS_PROXY
 
 PREFIX = "/api/v1"
 
 
-# The README's "Production" settings that change how a request is answered (decision 0027).
-PRODUCTION = {
-    "TXHUB_SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
-    "TXHUB_SECURE_COOKIES": "1",
-    "TXHUB_SSL_REDIRECT": "1",
-    "TXHUB_HSTS_SECONDS": "31536000",
-    "TXHUB_HSTS_INCLUDE_SUBDOMAINS": "1",
-    "TXHUB_HSTS_PRELOAD": "1",
-}
+# The README's "Production" settings that change how a request is answered (decision 0041).
+PRODUCTION = BEHIND_A_TLS_PROXY
 # What the TLS proxy in front adds to every request it forwards, by deployment.
 PROXY_HEADERS = {"local": {}, "production": {"X-Forwarded-Proto": "https"}}
 
@@ -557,14 +551,17 @@ def test_the_bench_client_is_answered_by_the_lean_door(
     assert lean_server.lean_answers() == before + 4
 
 
-def test_take_refuses_whatever_is_not_plain() -> None:
-    headers = [
-        (b"host", b"127.0.0.1:8000"),
-        (b"authorization", b"Bearer abc"),
-        (b"content-type", b"application/json"),
-        (b"content-length", b"2"),
-    ]
-    base: dict[str, Any] = {
+# A plain request as the ASGI server hands it to the lean door (take()'s unit tests).
+PLAIN_HEADERS = (
+    (b"host", b"127.0.0.1:8000"),
+    (b"authorization", b"Bearer abc"),
+    (b"content-type", b"application/json"),
+    (b"content-length", b"2"),
+)
+
+
+def plain_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
         "type": "http",
         "method": "POST",
         "path": "/api/v1/transactions",
@@ -573,6 +570,11 @@ def test_take_refuses_whatever_is_not_plain() -> None:
         "scheme": "http",
         "headers": headers,
     }
+
+
+def test_take_refuses_whatever_is_not_plain() -> None:
+    headers = list(PLAIN_HEADERS)
+    base = plain_scope(headers)
     assert lean.take(base, b"{}") is not None
     without: list[dict[str, Any]] = [
         {"method": "GET"},
@@ -625,21 +627,8 @@ def test_the_lean_door_serves_the_production_settings(settings: Any) -> None:
     settings.SECURE_HSTS_SECONDS = 60
     settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     assert lean.enabled()
-    headers = [
-        (b"host", b"127.0.0.1:8000"),
-        (b"authorization", b"Bearer abc"),
-        (b"content-type", b"application/json"),
-        (b"content-length", b"2"),
-    ]
-    scope: dict[str, Any] = {
-        "type": "http",
-        "method": "POST",
-        "path": "/api/v1/transactions",
-        "query_string": b"",
-        "root_path": "",
-        "scheme": "http",
-        "headers": headers,
-    }
+    headers = list(PLAIN_HEADERS)
+    scope = plain_scope(headers)
     forwarded = [*headers, (b"x-forwarded-proto", b"https")]
     for secure in (
         {"headers": forwarded},

@@ -16,6 +16,7 @@ from django.test import Client, override_settings
 from apps.broker.models import ApiToken, ProducerGroup
 from tests.conftest import ROOT
 from tests.support.console import login
+from tests.support.production import BEHIND_A_TLS_PROXY
 
 # The environment README's "Production" section documents (values are examples).
 PRODUCTION_ENV = {
@@ -23,12 +24,7 @@ PRODUCTION_ENV = {
     "TXHUB_SECRET_KEY": secrets.token_urlsafe(50),
     "TXHUB_ALLOWED_HOSTS": "txhub.example.com",
     "TXHUB_CSRF_TRUSTED_ORIGINS": "https://txhub.example.com",
-    "TXHUB_SECURE_PROXY_SSL_HEADER": "HTTP_X_FORWARDED_PROTO,https",
-    "TXHUB_SECURE_COOKIES": "1",
-    "TXHUB_SSL_REDIRECT": "1",
-    "TXHUB_HSTS_SECONDS": "31536000",
-    "TXHUB_HSTS_INCLUDE_SUBDOMAINS": "1",
-    "TXHUB_HSTS_PRELOAD": "1",
+    **BEHIND_A_TLS_PROXY,
     "TXHUB_CALLBACK_ALLOWED_HOSTS": "",
     "TXHUB_ALLOW_HTTP_CALLBACKS": "0",
     "TXHUB_METRICS_TOKEN": secrets.token_urlsafe(32),

@@ -78,9 +78,12 @@ def broken_links(path: Path) -> list[str]:
         where = (path.parent / unquote(parts.path)).resolve() if parts.path else path
         if not where.exists():
             broken.append(f"{target}: no such file")
-        elif parts.fragment and where.suffix == ".md":
-            if unquote(parts.fragment) not in anchors(where):
-                broken.append(f"{target}: no such heading in {where.name}")
+        elif (
+            parts.fragment
+            and where.suffix == ".md"
+            and unquote(parts.fragment) not in anchors(where)
+        ):
+            broken.append(f"{target}: no such heading in {where.name}")
     return broken
 
 

@@ -12,7 +12,7 @@ run: setup
 	scripts/run.sh
 
 # The same processes on a three-node Postgres cluster (Patroni + etcd) and Redis with a replica and
-# three Sentinels, under var/ha (scripts/ha.sh; README "High availability"). Two beats.
+# three Sentinels, under var/ha (scripts/ha.sh; docs/operations.md "High availability"). Two beats.
 run-ha:
 	scripts/ha.sh up
 	scripts/ha.sh run

@@ -71,7 +71,7 @@ if not DEBUG and SECRET_KEY in {"", PUBLIC_DEVELOPMENT_SECRET_KEY}:
 
 ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
-# --- Behind a TLS proxy (README "Production"); the defaults suit the local plain-HTTP install ----
+# --- Behind a TLS proxy (docs/operations.md, "Production"); the defaults suit the local plain-HTTP install ----
 # Cookies only over HTTPS; HSTS; redirect plain HTTP to HTTPS except the probes and the scrape
 # endpoint (a load balancer or Prometheus inside the network speaks plain HTTP to them).
 SECURE_COOKIES = env_bool("TXHUB_SECURE_COOKIES", False)
@@ -455,7 +455,7 @@ if not TXHUB_CREDENTIALS_KEY:
     raise ImproperlyConfigured(
         "TXHUB_CREDENTIALS_KEY is not set and TXHUB_DEBUG is off: refusing to start. Set it to a "
         "long random value of its own (to keep the RocketMQ secret keys tokens already have, set "
-        "it to the SECRET_KEY they were derived from; README, Production), or run "
+        "it to the SECRET_KEY they were derived from; docs/operations.md, Production), or run "
         f"scripts/services.sh up for a local install (it writes {CREDENTIALS_KEY_FILE})."
     )
 # Announced to clients on Telemetry; a client's long poll is clamped to this range (seconds).

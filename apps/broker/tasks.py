@@ -34,7 +34,7 @@ def _did(scan: str, **counts: int) -> None:
 @worker_init.connect
 def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
     """A per-group cap at or above the callback concurrency lets one slow group hold every
-    callback slot: the README's "a slow group cannot starve the others" would not hold."""
+    callback slot: a slow group could then starve the others (decision 0009)."""
     cap, slots = settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP, settings.TXHUB_CALLBACK_CONCURRENCY
     if cap >= slots:
         logger.warning(

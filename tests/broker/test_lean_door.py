@@ -7,7 +7,7 @@ body (ids and times, which differ between two stores, compared by shape). The le
 `txhub_lean_door_answers_total` shows which requests the lean door took: the plain ones, and
 none of the others.
 
-Every server test runs twice: with the local defaults, and with the README's production
+Every server test runs twice: with the local defaults, and with the production
 settings behind a TLS proxy (SSL redirect, HSTS, the proxy's `X-Forwarded-Proto`), where each
 request carries the header the proxy would set.
 """
@@ -35,7 +35,7 @@ from tests.support.production import BEHIND_A_TLS_PROXY
 PREFIX = "/api/v1"
 
 
-# The README's "Production" settings that change how a request is answered (decision 0041).
+# The "Production" settings of docs/operations.md that change how a request is answered (decision 0041).
 PRODUCTION = BEHIND_A_TLS_PROXY
 # What the TLS proxy in front adds to every request it forwards, by deployment.
 PROXY_HEADERS = {"local": {}, "production": {"X-Forwarded-Proto": "https"}}

@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 from tests.support.console import login
 from tests.support.production import BEHIND_A_TLS_PROXY
 
-# The environment README's "Production" section documents (values are examples).
+# The environment docs/operations.md's "Production" section documents (values are examples).
 PRODUCTION_ENV = {
     "TXHUB_DEBUG": "0",
     "TXHUB_SECRET_KEY": secrets.token_urlsafe(50),

@@ -71,7 +71,7 @@ if not DEBUG and SECRET_KEY in {"", PUBLIC_DEVELOPMENT_SECRET_KEY}:
 
 ALLOWED_HOSTS = env_list("TXHUB_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
-# --- Behind a TLS proxy (docs/operations.md, "Production"); the defaults suit the local plain-HTTP install ----
+# --- Behind a TLS proxy (docs/operations.md); the defaults suit the local plain-HTTP install ----
 # Cookies only over HTTPS; HSTS; redirect plain HTTP to HTTPS except the probes and the scrape
 # endpoint (a load balancer or Prometheus inside the network speaks plain HTTP to them).
 SECURE_COOKIES = env_bool("TXHUB_SECURE_COOKIES", False)

@@ -22,14 +22,14 @@ def secret_key_from_checkout_file(**kwargs: Any) -> list[checks.CheckMessage]:
     return [
         checks.Warning(
             f"SECRET_KEY comes from {settings.SECRET_KEY_FILE}, the local development key.",
-            hint="Set TXHUB_SECRET_KEY in production (see docs/operations.md, Production).",
+            hint="Set TXHUB_SECRET_KEY in production (see docs/operations.md).",
             id="txhub.W001",
         )
     ]
 
 
 def production_keys_and_tokens(**kwargs: Any) -> list[checks.CheckMessage]:
-    """`check --deploy` errors for what production must set (docs/operations.md, Production): a metrics
+    """`check --deploy` errors for what production must set (docs/operations.md): a metrics
     token (the scrape shows every tenant's topics and groups) and a credentials key of its own
     (docs/decisions/0036)."""
     found: list[checks.CheckMessage] = []
@@ -54,7 +54,7 @@ def production_keys_and_tokens(**kwargs: Any) -> list[checks.CheckMessage]:
         found.append(
             checks.Warning(
                 f"TXHUB_CREDENTIALS_KEY comes from {settings.CREDENTIALS_KEY_FILE}, the local key.",
-                hint="Set TXHUB_CREDENTIALS_KEY in production (see docs/operations.md, Production).",
+                hint="Set TXHUB_CREDENTIALS_KEY in production (see docs/operations.md).",
                 id="txhub.W002",
             )
         )

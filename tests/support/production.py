@@ -1,4 +1,4 @@
-"""The "Production" settings of docs/operations.md for running behind a TLS proxy (cookies, HSTS, the
+"""The "Production" settings of docs/operations.md, for running behind a TLS proxy (cookies, HSTS,
 redirect and the proxy's header), as environment variables."""
 
 BEHIND_A_TLS_PROXY = {

@@ -25,10 +25,11 @@ trusted) is answered by Django, as before: `take()` returns None, having done no
 decision is made before anything is counted or stored, so a request is answered by exactly one
 door.
 
-The production settings of docs/operations.md are served here too (decision 0027), so what the benchmarks and
-the parity tests measure is production's path: a request is secure as Django's `is_secure()`
-reads it (the scheme, or `SECURE_PROXY_SSL_HEADER`); with `SECURE_SSL_REDIRECT` an insecure one is
-Django's (its redirect); a secure answer carries the HSTS header SecurityMiddleware would add.
+The production settings (docs/operations.md) are served here too (decision 0027), so what the
+benchmarks and the parity tests measure is production's path: a request is secure as Django's
+`is_secure()` reads it (the scheme, or `SECURE_PROXY_SSL_HEADER`); with `SECURE_SSL_REDIRECT` an
+insecure one is Django's (its redirect); a secure answer carries the HSTS header
+SecurityMiddleware would add.
 """
 
 import functools

@@ -1,14 +1,13 @@
 """The REST door's credentials: a bearer token, hashed and handed to the access module, whose
 principal becomes `request.user` (docs/decisions/0046). Its refusals in DRF's terms: 401, 429."""
 
-from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
 from apps.broker import access, config_cache
 from apps.broker.api import failed_auth
-from apps.broker.api.throttling import COUNTED, Counted, TokenRateThrottle
+from apps.broker.api.throttling import COUNTED, epoch_and_count
 from apps.broker.services.registry import hash_token
 
 # The principal of a REST or lean-door request (`request.user`): the access module's, as at
@@ -83,20 +82,10 @@ def bearer_user(authorization: bytes, address: str = "") -> TokenUser:
 
 
 def _epoch_and_count(request: Request, hashed: str) -> str | None:
-    """The configuration epoch; for a token this process knows already, read in one Redis round
-    trip with the throttle's count of this request (which the throttle then uses): one round
-    trip per request instead of two. The count is made for the id the token had when kept; the
-    id of a token never changes, and a request that turns out unauthenticated is not throttled."""
-    known = access.kept_token_id(token_hash=hashed)
-    if known is None or settings.TXHUB_THROTTLE_CACHE != "default":
-        return config_cache.current()
-    throttle = TokenRateThrottle()
-    counting: list[bool] = []
-    epoch, results = config_cache.current_with(
-        lambda pipeline: counting.append(throttle.count_in(pipeline, known))
-    )
-    if results and counting and counting[0]:
-        counted = Counted(known, int(results[0]), throttle.now)
+    """The configuration epoch, read with this request's count when the token is one this
+    process knows (throttling.epoch_and_count); the throttle then uses that count."""
+    epoch, counted = epoch_and_count(access.kept_token_id(token_hash=hashed))
+    if counted is not None:
         setattr(request, COUNTED, counted)
     return epoch
 

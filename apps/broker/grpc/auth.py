@@ -11,7 +11,8 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.broker import access, config_cache
+from apps.broker import access
+from apps.broker.api.throttling import Counted, epoch_and_count
 from apps.broker.grpc.protocol import Code, Refusal
 from apps.broker.services import credentials
 
@@ -38,11 +39,12 @@ def metadata_of(context: Any) -> dict[str, str]:
     }
 
 
-def caller_of(metadata: Mapping[str, str]) -> Caller:
+def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
     """The signed caller, or UNAUTHORIZED: the signature checked here (docs/decisions/0022,
     0035), the token looked up by the access module under the current configuration epoch, as
-    the REST door's (docs/decisions/0046). Reads Redis and maybe Postgres: run it off the event
-    loop."""
+    the REST door's (docs/decisions/0046); with this call's count against the token's rate
+    limit when it was made in the epoch's round trip (None: count it). Reads Redis and maybe
+    Postgres: run it off the event loop."""
     match = _AUTHORIZATION.fullmatch(metadata.get("authorization", "").strip())
     date_time = metadata.get("x-mq-date-time", "")
     if match is None or not date_time or len(date_time) > 64:
@@ -58,20 +60,22 @@ def caller_of(metadata: Mapping[str, str]) -> Caller:
             f"{settings.TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS:.0f} s (UTC, yyyyMMddTHHmmssZ): "
             "check the client's clock.",
         )
-    principal = None
+    principal, counted = None, None
     if credentials.signature_valid(
         access_key=match["ak"], date_time=date_time, signature=match["sig"]
     ):
         # The epoch first, as the REST door's auth: a token revoked before it was read is
         # loaded anew (config_cache.py), so a revocation holds at once on every process.
-        principal = access.by_access_key(match["ak"], config_cache.current())
+        epoch, counted = epoch_and_count(access.kept_token_id(access_key=match["ak"]))
+        principal = access.by_access_key(match["ak"], epoch)
     if principal is None:
         raise Refusal(
             Code.UNAUTHORIZED, "The access key is unknown or revoked, or the signature is wrong."
         )
-    return Caller(
+    caller = Caller(
         principal=principal,
         client_id=metadata.get("x-mq-client-id", "")[:255],
         language=metadata.get("x-mq-language", "")[:32],
         version=metadata.get("x-mq-client-version", "")[:64],
     )
+    return caller, counted

@@ -20,15 +20,16 @@ async def authenticate(context: Any) -> Caller:
 
 
 def _counted_caller(metadata: dict[str, str]) -> Caller:
-    caller = caller_of(metadata)
-    count_call(caller)
+    caller, counted = caller_of(metadata)
+    count_call(caller, counted)
     return caller
 
 
-def count_call(caller: Caller) -> None:
-    """One call against the token's rate limit, or TOO_MANY_REQUESTS. The REST door's budget and
-    counter (one per token, in the shared cache): not a second limit."""
-    wait = throttling.token_call_throttled(caller.principal.token_id)
+def count_call(caller: Caller, counted: throttling.Counted | None = None) -> None:
+    """One call against the token's rate limit (`counted`: made already, with the caller's
+    epoch), or TOO_MANY_REQUESTS. The REST door's budget and counter (one per token, in the
+    shared cache): not a second limit."""
+    wait = throttling.token_call_throttled(caller.principal.token_id, counted)
     if wait is not None:
         raise Refusal(
             Code.TOO_MANY_REQUESTS,

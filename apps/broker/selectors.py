@@ -5,13 +5,13 @@ import copy
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from apps.broker import config_cache, rows
+from apps.broker import access, config_cache, rows
 from apps.broker.models import (
     AuditRecord,
     CommitLogEntry,
@@ -28,7 +28,7 @@ from apps.broker.models import (
     ReconciliationRun,
     Topic,
 )
-from apps.broker.services.errors import Forbidden, NotFound
+from apps.broker.services.errors import NotFound
 
 # The lookups every send, prepare and receive makes take `epoch`: the API request's
 # configuration epoch (api/auth.py). With one, what they found is kept per process under it
@@ -78,64 +78,6 @@ def consumer_group_get(*, name: str, epoch: str | None = None) -> ConsumerGroup:
     if group is None:
         raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
     return group
-
-
-def topic_allowed(
-    *, kind: Literal["produce", "consume"], group: str, topic: str, epoch: str | None = None
-) -> None:
-    """403 if the group is bound to topics and `topic` is not one of them (docs/decisions/0010).
-
-    The one check of topic bindings, for send, prepare and receive. A group bound to nothing (or
-    one that does not exist: the caller answers its 404 next) may use any topic. Whether the
-    topic exists plays no part, so a 403 tells a bound group nothing about other topics.
-    """
-    owner = "producer" if kind == "produce" else "consumer"
-    names = config_cache.read(epoch, ("bound", owner, group), lambda: _bound_topics(owner, group))
-    if names and topic not in names:
-        raise Forbidden(
-            f"{owner.capitalize()} group {group!r} is not bound to topic {topic!r}.",
-            **{f"{owner}_group": group, "topic": topic},
-        )
-
-
-def topic_usable(*, scopes: frozenset[str], topic: str, epoch: str | None = None) -> None:
-    """403 unless the scopes cover `topic`: admin, or a `produce:` / `consume:` scope of a group
-    that may use it (topic_allowed). The rule for what reveals a topic to a client that needs no
-    group of its own in the call (gRPC QueryRoute)."""
-    if "admin" in scopes:
-        return
-    for scope in sorted(scopes):
-        kind, _, group = scope.partition(":")
-        if kind in ("produce", "consume") and group:
-            try:
-                topic_allowed(kind=kind, group=group, topic=topic, epoch=epoch)  # type: ignore[arg-type]
-                return
-            except Forbidden:
-                continue
-    raise Forbidden(f"This token has no scope for a group that may use topic {topic!r}.")
-
-
-def _bound_topics(owner: str, group: str) -> frozenset[str]:
-    # One plain query; compared by the caller rather than in SQL, so a topic name from the URL
-    # never reaches the database before it has been checked (a NUL byte, say, is simply not among
-    # the names). Table names are constants.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT t.name FROM broker_{owner}group_topics b "  # noqa: S608
-            f"JOIN broker_{owner}group g ON g.id = b.{owner}group_id "
-            "JOIN broker_topic t ON t.id = b.topic_id WHERE g.name = %s",
-            [group],
-        )
-        return frozenset(row[0] for row in cursor.fetchall())
-
-
-def topic_readable(*, consumer_groups: Collection[str], topic: Topic) -> bool:
-    """Whether one of these consumer groups may receive from `topic` (unbound, or bound to it)."""
-    return (
-        ConsumerGroup.objects.filter(name__in=consumer_groups)
-        .filter(Q(topics__isnull=True) | Q(topics=topic))
-        .exists()
-    )
 
 
 def transaction_get(
@@ -201,7 +143,7 @@ def message_trace(
     consumer_view = (
         entry is not None
         and bool(consumer_groups)
-        and topic_readable(consumer_groups=consumer_groups or (), topic=entry.topic)
+        and access.topic_readable(consumer_groups=consumer_groups or (), topic=entry.topic)
     )
     if not (producer_view or consumer_view):
         raise NotFound(f"Message {msg_id} does not exist.")

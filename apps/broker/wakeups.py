@@ -52,6 +52,7 @@ from django.conf import settings
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
+from apps.broker import access
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,7 @@ REVOKED = "revoked"
 
 # Which of the given tokens are revoked by now (the fallback's catch-up for revocations).
 REVOKED_SQL = (
-    "SELECT id FROM broker_apitoken WHERE id = ANY(%s::bigint[]) "
-    "AND revoked_at IS NOT NULL AND revoked_at <= now()"
+    f"SELECT id FROM broker_apitoken WHERE id = ANY(%s::bigint[]) AND {access.REVOKED_SQL}"  # noqa: S608
 )
 
 

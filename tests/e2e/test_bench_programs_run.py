@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.m
 # Programs, not libraries: bench/*.py with a main (cpu.py, http_client.py and seed.py are
 # libraries their own tests cover), and the on_commit comparison.
 SMOKED = {
+    "auth_cost.py",
     "checkback_scan.py",
     "console_pages.py",
     "delay_lateness.py",
@@ -91,6 +92,11 @@ def test_waiting_runs(gunicorn: str) -> None:
 def test_the_on_commit_comparison_runs() -> None:
     out = run_bench("oncommit/run.py", "--seconds", "1", "--producers", "2")
     assert "django on_commit + celery" in out, out
+
+
+def test_auth_cost_runs() -> None:
+    out = run_bench("auth_cost.py", "--calls", "5", TXHUB_THROTTLE_RATE="1000000/s")
+    assert "gRPC door:" in out, out
 
 
 def test_checkback_scan_runs() -> None:

@@ -1,49 +1,18 @@
-"""Bearer-token authentication and the contract's scopes."""
+"""The REST door's credentials: a bearer token, hashed and handed to the access module, whose
+principal becomes `request.user` (docs/decisions/0046). Its refusals in DRF's terms: 401, 429."""
 
-import json
-from dataclasses import dataclass
-from datetime import datetime
-from typing import NamedTuple
-
-from django.conf import settings
-from django.db import connection
-from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from apps.broker import config_cache
+from apps.broker import access, config_cache
 from apps.broker.api import failed_auth
-from apps.broker.api.throttling import COUNTED, Counted, TokenRateThrottle
+from apps.broker.api.throttling import COUNTED, epoch_and_count
 from apps.broker.services.registry import hash_token
 
-
-@dataclass(frozen=True)
-class TokenUser:
-    """The principal behind a request: a token's name and scopes."""
-
-    token_id: int
-    name: str
-    scopes: frozenset[str]
-    is_authenticated: bool = True
-    # The configuration epoch read at the start of this request: the selectors' cache key
-    # (apps/broker/config_cache.py). None: read everything from Postgres.
-    config_epoch: str | None = None
-
-    @property
-    def is_admin(self) -> bool:
-        return "admin" in self.scopes
-
-    def groups(self, kind: str) -> frozenset[str] | None:
-        """The groups this token may use for `kind` (produce/consume); None means all (admin)."""
-        if self.is_admin:
-            return None
-        prefix = kind + ":"
-        return frozenset(s[len(prefix) :] for s in self.scopes if s.startswith(prefix))
-
-    def can(self, kind: str, group: str) -> bool:
-        allowed = self.groups(kind)
-        return allowed is None or group in allowed
+# The principal of a REST or lean-door request (`request.user`): the access module's, as at
+# every door (docs/decisions/0046).
+TokenUser = access.Principal
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -82,7 +51,7 @@ def refuse_early(hashed: str, address: str) -> None:
     if failed_auth.known_bad(hashed):
         raise exceptions.AuthenticationFailed(UNKNOWN_TOKEN)
     wait = failed_auth.over_budget(address)
-    if wait is not None and config_cache.peek(("token", hashed)) is None:
+    if wait is not None and access.kept_token_id(token_hash=hashed) is None:
         raise exceptions.Throttled(wait=wait, detail="Too many failed authentications.")
 
 
@@ -90,14 +59,14 @@ UNKNOWN_TOKEN = "The token is unknown or revoked."  # noqa: S105 - a message, no
 
 
 def user_of(hashed: str, epoch: str | None, *, address: str = "") -> TokenUser:
-    """The one token lookup of every HTTP door: the token behind a hash, from this process's
-    cache under `epoch` or Postgres; AuthenticationFailed when unknown or revoked (and the
-    failure is remembered, docs/decisions/0038)."""
-    token = config_cache.read(epoch, ("token", hashed), lambda: _token_by_hash(hashed))
-    if token is None or (token.revoked_at is not None and token.revoked_at <= timezone.now()):
+    """The principal behind a bearer token's hash (access.by_token_hash);
+    AuthenticationFailed when unknown or revoked (and the failure is remembered,
+    docs/decisions/0038)."""
+    principal = access.by_token_hash(hashed, epoch)
+    if principal is None:
         failed_auth.failed(hashed, address)
         raise exceptions.AuthenticationFailed(UNKNOWN_TOKEN)
-    return TokenUser(token.id, token.name, token.scopes, config_epoch=epoch)
+    return principal
 
 
 def bearer_user(authorization: bytes, address: str = "") -> TokenUser:
@@ -113,55 +82,22 @@ def bearer_user(authorization: bytes, address: str = "") -> TokenUser:
 
 
 def _epoch_and_count(request: Request, hashed: str) -> str | None:
-    """The configuration epoch; for a token this process knows already, read in one Redis round
-    trip with the throttle's count of this request (which the throttle then uses): one round
-    trip per request instead of two. The count is made for the id the token had when kept; the
-    id of a token never changes, and a request that turns out unauthenticated is not throttled."""
-    known: _Token | None = config_cache.peek(("token", hashed))
-    if known is None or settings.TXHUB_THROTTLE_CACHE != "default":
-        return config_cache.current()
-    throttle = TokenRateThrottle()
-    counting: list[bool] = []
-    epoch, results = config_cache.current_with(
-        lambda pipeline: counting.append(throttle.count_in(pipeline, known.id))
-    )
-    if results and counting and counting[0]:
-        counted = Counted(known.id, int(results[0]), throttle.now)
+    """The configuration epoch, read with this request's count when the token is one this
+    process knows (throttling.epoch_and_count); the throttle then uses that count."""
+    epoch, counted = epoch_and_count(access.kept_token_id(token_hash=hashed))
+    if counted is not None:
         setattr(request, COUNTED, counted)
     return epoch
 
 
-class _Token(NamedTuple):
-    id: int
-    name: str
-    scopes: frozenset[str]
-    revoked_at: datetime | None  # in the future: a scheduled revocation
-
-
-def _token_by_hash(hashed: str) -> _Token | None:
-    # Plain SQL: this runs on every request the cache cannot answer (decision 0026).
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id, name, scopes, revoked_at FROM broker_apitoken WHERE token_hash = %s",
-            [hashed],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    scopes = row[2] if isinstance(row[2], list) else json.loads(row[2])
-    return _Token(row[0], row[1], frozenset(scopes), row[3])
-
-
-def require(request: Request, kind: str, group: str) -> TokenUser:
-    """403 unless the token has the scope for this group (or admin)."""
+def require(request: Request, kind: access.Kind, group: str) -> TokenUser:
+    """The request's principal; 403 unless it may use `group` for `kind` (access module)."""
     user: TokenUser = request.user  # type: ignore[assignment]
-    if not user.can(kind, group):
-        raise exceptions.PermissionDenied(f"This token has no '{kind}:{group}' scope.")
+    user.require(kind, group)
     return user
 
 
 def require_admin(request: Request) -> TokenUser:
     user: TokenUser = request.user  # type: ignore[assignment]
-    if not user.is_admin:
-        raise exceptions.PermissionDenied("This needs a token with the 'admin' scope.")
+    user.require_admin()
     return user

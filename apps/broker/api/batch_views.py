@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import selectors
+from apps.broker import access, selectors
 from apps.broker.api import output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import require
@@ -59,7 +59,7 @@ class SendBatchView(APIView):
             for item in data["messages"]
         ]
         at = epoch(request)
-        selectors.topic_allowed(kind="produce", group=group_name, topic=topic, epoch=at)
+        access.topic_allowed(kind="produce", group=group_name, topic=topic, epoch=at)
         topic_row = selectors.topic_get(name=topic, epoch=at)
         group = selectors.producer_group_get(name=group_name, epoch=at)
 
@@ -89,7 +89,7 @@ class PrepareBatchView(APIView):
                 delay_level=item.get("delay_level"), deliver_at=item.get("deliver_at"), start=start
             )
         at = epoch(request)
-        selectors.topic_allowed(kind="produce", group=group_name, topic=data["topic"], epoch=at)
+        access.topic_allowed(kind="produce", group=group_name, topic=data["topic"], epoch=at)
         topic = selectors.topic_get(name=data["topic"], epoch=at)
         group = selectors.producer_group_get(name=group_name, epoch=at)
         items = [

@@ -20,7 +20,7 @@ from django.core.cache.backends.redis import RedisCache
 from rest_framework.request import Request
 from rest_framework.throttling import SimpleRateThrottle
 
-from apps.broker import shared_cache
+from apps.broker import config_cache, shared_cache
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,7 @@ class TokenRateThrottle(SimpleRateThrottle):
     def allow_request(self, request: Request, view: Any) -> bool:
         if request.auth is None:
             return True
-        counted: Counted | None = getattr(request, COUNTED, None)
-        if counted is not None and counted.token_id == request.auth and self.num_requests:
-            # Counted already, in the auth's round trip to Redis (api/auth.py).
-            self.now = counted.now
-            return counted.count <= self.num_requests
-        return self.allow_token(cast(int, request.auth))
+        return self.allow_token(cast(int, request.auth), getattr(request, COUNTED, None))
 
     def count_in(self, pipeline: Any, token_id: int) -> bool:
         """Adds this request's count for the token to `pipeline` (a redis-py pipeline of the
@@ -93,10 +88,14 @@ class TokenRateThrottle(SimpleRateThrottle):
         pipeline.expire(full_key, int(self.duration) + 5)
         return True
 
-    def allow_token(self, token_id: int) -> bool:
-        """Counts one call of the token; False once its window's budget is spent."""
+    def allow_token(self, token_id: int, counted: Counted | None = None) -> bool:
+        """Counts one call of the token (unless `counted` did, in the auth's round trip to
+        Redis: epoch_and_count); False once its window's budget is spent."""
         if self.rate is None or self.num_requests is None or self.duration is None:
             return True
+        if counted is not None and counted.token_id == token_id:
+            self.now = counted.now
+            return counted.count <= self.num_requests
         self.now = self.timer()
         try:
             count = self._count(self._key(token_id))
@@ -135,12 +134,30 @@ class TokenRateThrottle(SimpleRateThrottle):
         return float(max(1, math.ceil(remaining)))
 
 
-def token_call_throttled(token_id: int) -> float | None:
-    """Counts one call of the token against TXHUB_THROTTLE_RATE, for a door that is not DRF (the
-    gRPC door): None within the budget, else the whole seconds until the window ends. The same
-    counter as the REST API's, so a token has one budget whichever door it calls."""
+def token_call_throttled(token_id: int, counted: Counted | None = None) -> float | None:
+    """Counts one call of the token against TXHUB_THROTTLE_RATE (unless `counted` did), for a
+    door that is not DRF (the gRPC door): None within the budget, else the whole seconds until
+    the window ends. The same counter as the REST API's, so a token has one budget whichever
+    door it calls."""
     throttle = TokenRateThrottle()
-    return None if throttle.allow_token(token_id) else throttle.wait()
+    return None if throttle.allow_token(token_id, counted) else throttle.wait()
+
+
+def epoch_and_count(known_token_id: int | None) -> tuple[str | None, Counted | None]:
+    """The configuration epoch (config_cache.current) and, for a token this process knows
+    already, this call's count in the same Redis round trip: one round trip per call instead of
+    two, at every door. The count is made for the id the token had when kept (the id of a token
+    never changes); a call that turns out unauthenticated is counted but not throttled."""
+    if known_token_id is None or settings.TXHUB_THROTTLE_CACHE != "default":
+        return config_cache.current(), None
+    throttle = TokenRateThrottle()
+    counting: list[bool] = []
+    epoch, results = config_cache.current_with(
+        lambda pipeline: counting.append(throttle.count_in(pipeline, known_token_id))
+    )
+    if results and counting and counting[0]:
+        return epoch, Counted(known_token_id, int(results[0]), throttle.now)
+    return epoch, None
 
 
 def _log_outage() -> None:

@@ -1,6 +1,8 @@
 """Who calls: RocketMQ 5's signed metadata (`authorization: MQv2-HMAC-SHA1 Credential=<ak>,
 SignedHeaders=x-mq-date-time, Signature=<hex>`), checked against the token's derived secret key,
-and the scope checks of CONTRACT section 3 in the protocol's codes."""
+and handed to the access module, which says whose it is and what it may do (docs/decisions/0046).
+The scope checks are the access module's; its refusals (Forbidden) become FORBIDDEN in the
+servicers' error mapping (protocol.refusal_of)."""
 
 import re
 from collections.abc import Mapping
@@ -9,6 +11,8 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.broker import access
+from apps.broker.api.throttling import Counted, epoch_and_count
 from apps.broker.grpc.protocol import Code, Refusal
 from apps.broker.services import credentials
 
@@ -22,38 +26,10 @@ _AUTHORIZATION = re.compile(
 class Caller:
     """A signed call: the token behind it and what the client says about itself."""
 
-    principal: credentials.Principal
+    principal: access.Principal
     client_id: str
     language: str
     version: str
-
-    @property
-    def is_admin(self) -> bool:
-        return "admin" in self.principal.scopes
-
-    def groups(self, kind: str) -> frozenset[str] | None:
-        if self.is_admin:
-            return None
-        prefix = kind + ":"
-        return frozenset(s[len(prefix) :] for s in self.principal.scopes if s.startswith(prefix))
-
-    def require(self, kind: str, group: str) -> None:
-        allowed = self.groups(kind)
-        if allowed is not None and group not in allowed:
-            raise Refusal(Code.FORBIDDEN, f"This token has no '{kind}:{group}' scope.")
-
-    def producer_group(self) -> str:
-        """A gRPC producer's group: its token's single `produce:<group>` scope (RocketMQ 5
-        producers name no group)."""
-        prefix = "produce:"
-        groups = sorted(s[len(prefix) :] for s in self.principal.scopes if s.startswith(prefix))
-        if len(groups) != 1:
-            raise Refusal(
-                Code.FORBIDDEN,
-                "A RocketMQ producer's token must have exactly one 'produce:<group>' scope: "
-                f"this one has {len(groups)}.",
-            )
-        return groups[0]
 
 
 def metadata_of(context: Any) -> dict[str, str]:
@@ -63,9 +39,12 @@ def metadata_of(context: Any) -> dict[str, str]:
     }
 
 
-def caller_of(metadata: Mapping[str, str]) -> Caller:
-    """The signed caller, or UNAUTHORIZED. Reads the token's row (a revoked token fails at
-    once): run it off the event loop."""
+def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
+    """The signed caller, or UNAUTHORIZED: the signature checked here (docs/decisions/0022,
+    0035), the token looked up by the access module under the current configuration epoch, as
+    the REST door's (docs/decisions/0046); with this call's count against the token's rate
+    limit when it was made in the epoch's round trip (None: count it). Reads Redis and maybe
+    Postgres: run it off the event loop."""
     match = _AUTHORIZATION.fullmatch(metadata.get("authorization", "").strip())
     date_time = metadata.get("x-mq-date-time", "")
     if match is None or not date_time or len(date_time) > 64:
@@ -81,16 +60,22 @@ def caller_of(metadata: Mapping[str, str]) -> Caller:
             f"{settings.TXHUB_GRPC_SIGNATURE_MAX_SKEW_SECONDS:.0f} s (UTC, yyyyMMddTHHmmssZ): "
             "check the client's clock.",
         )
-    principal = credentials.principal_for(
+    principal, counted = None, None
+    if credentials.signature_valid(
         access_key=match["ak"], date_time=date_time, signature=match["sig"]
-    )
+    ):
+        # The epoch first, as the REST door's auth: a token revoked before it was read is
+        # loaded anew (config_cache.py), so a revocation holds at once on every process.
+        epoch, counted = epoch_and_count(access.kept_token_id(access_key=match["ak"]))
+        principal = access.by_access_key(match["ak"], epoch)
     if principal is None:
         raise Refusal(
             Code.UNAUTHORIZED, "The access key is unknown or revoked, or the signature is wrong."
         )
-    return Caller(
+    caller = Caller(
         principal=principal,
         client_id=metadata.get("x-mq-client-id", "")[:255],
         language=metadata.get("x-mq-language", "")[:32],
         version=metadata.get("x-mq-client-version", "")[:64],
     )
+    return caller, counted

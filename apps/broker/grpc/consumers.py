@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from apps.broker import limits, selectors
+from apps.broker import access, limits
 from apps.broker.grpc.calls import db, log, unary, wait_for
 from apps.broker.grpc.protocol import (
     Code,
@@ -215,5 +215,6 @@ def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:
     except limits.LimitError as error:
         raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
     topic_name = request.message_queue.topic.name
-    selectors.topic_allowed(kind="consume", group=group.name, topic=topic_name)
+    epoch = caller.principal.config_epoch
+    access.topic_allowed(kind="consume", group=group.name, topic=topic_name, epoch=epoch)
     return group, topic_of(topic_name), tags

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.broker import limits, selectors
+from apps.broker import access, limits, selectors
 from apps.broker.api import throttling
 from apps.broker.grpc.auth import Caller, caller_of, metadata_of
 from apps.broker.grpc.calls import db
@@ -20,15 +20,16 @@ async def authenticate(context: Any) -> Caller:
 
 
 def _counted_caller(metadata: dict[str, str]) -> Caller:
-    caller = caller_of(metadata)
-    count_call(caller)
+    caller, counted = caller_of(metadata)
+    count_call(caller, counted)
     return caller
 
 
-def count_call(caller: Caller) -> None:
-    """One call against the token's rate limit, or TOO_MANY_REQUESTS. The REST door's budget and
-    counter (one per token, in the shared cache): not a second limit."""
-    wait = throttling.token_call_throttled(caller.principal.token_id)
+def count_call(caller: Caller, counted: throttling.Counted | None = None) -> None:
+    """One call against the token's rate limit (`counted`: made already, with the caller's
+    epoch), or TOO_MANY_REQUESTS. The REST door's budget and counter (one per token, in the
+    shared cache): not a second limit."""
+    wait = throttling.token_call_throttled(caller.principal.token_id, counted)
     if wait is not None:
         raise Refusal(
             Code.TOO_MANY_REQUESTS,
@@ -53,7 +54,7 @@ def consumer_group_of(caller: Caller, name: str) -> Any:
         limits.check_name(name, what="The consumer group")
     except limits.LimitError as error:
         raise Refusal(Code.ILLEGAL_CONSUMER_GROUP, str(error)) from None
-    caller.require("consume", name)
+    caller.principal.require("consume", name)
     try:
         return selectors.consumer_group_get(name=name)
     except BrokerError as error:
@@ -63,7 +64,8 @@ def consumer_group_of(caller: Caller, name: str) -> Any:
 def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple[Any, Any]:
     """The consumer group and the topic it reads, with the group's topic binding checked."""
     group = consumer_group_of(caller, group_name)
-    selectors.topic_allowed(kind="consume", group=group.name, topic=topic_name)
+    epoch = caller.principal.config_epoch
+    access.topic_allowed(kind="consume", group=group.name, topic=topic_name, epoch=epoch)
     return group, topic_of(topic_name)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from apps.broker import limits, selectors
+from apps.broker import access, limits, selectors
 from apps.broker.grpc import streams
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, unary
@@ -60,7 +60,7 @@ class MessagingService(
     @unary(rpc.QueryRouteResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        await db(selectors.topic_usable, scopes=caller.principal.scopes, topic=request.topic.name)
+        await db(caller.principal.require_topic, request.topic.name)
         topic = await db(topic_of, request.topic.name)
         broker = broker_of(request.endpoints)
         queues = [
@@ -82,7 +82,7 @@ class MessagingService(
         caller = await authenticate(context)
         group = ""
         if request.client_type == pb.PRODUCER:
-            group = caller.producer_group()
+            group = caller.principal.only_group("produce")
         elif request.HasField("group") and request.group.name:
             group = request.group.name
             await db(consumer_group_of, caller, group)
@@ -121,7 +121,7 @@ class MessagingService(
     @unary(rpc.SendMessageResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def SendMessage(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        group = caller.producer_group()
+        group = caller.principal.only_group("produce")
         if not 1 <= len(request.messages) <= 64:
             raise Refusal(Code.BAD_REQUEST, "Send 1 to 64 messages per request.")
         entries = []
@@ -171,7 +171,12 @@ class MessagingService(
                 )
             except BrokerError as error:
                 raise Refusal(Code.ILLEGAL_DELIVERY_TIME, error.message) from None
-        selectors.topic_allowed(kind="produce", group=group, topic=message.topic.name)
+        access.topic_allowed(
+            kind="produce",
+            group=group,
+            topic=message.topic.name,
+            epoch=caller.principal.config_epoch,
+        )
         topic = topic_of(message.topic.name)
         producer_group = selectors.producer_group_get(name=group)
         if is_transaction:
@@ -250,7 +255,7 @@ class MessagingService(
         if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
             raise Refusal(Code.BAD_REQUEST, "The resolution must be COMMIT or ROLLBACK.")
         commit = request.resolution == pb.COMMIT
-        groups = caller.groups("produce")
+        groups = caller.principal.groups("produce")
         if request.source == pb.SOURCE_SERVER_CHECK:
             # Check-back's answer if a check is outstanding to this client, else the producer's.
             await db(

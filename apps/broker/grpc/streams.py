@@ -170,7 +170,7 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
         "hostname": agent.hostname,
     }
     if client_type == pb.PRODUCER:
-        group = caller.producer_group()
+        group = caller.principal.only_group("produce")
         topics = [topic.name for topic in received.publishing.topics]
         clients.client_seen(**common, group=group, topics=topics)
         reply.backoff_policy.CopyFrom(
@@ -186,7 +186,7 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
     else:
         subscription = received.subscription
         group_name = subscription.group.name
-        caller.require("consume", group_name)
+        caller.principal.require("consume", group_name)
         consumer_group = ConsumerGroup.objects.filter(name=group_name).first()
         if consumer_group is None:
             raise Refusal(

@@ -13,22 +13,16 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.broker.models import ApiToken, GrpcClient
+from apps.broker import access
+from apps.broker.models import GrpcClient
 from apps.broker.services.errors import Forbidden
 
 
 def _token_live(token_id: int | None) -> bool:
-    if token_id is None:
-        return False
-    now = timezone.now()
-    return (
-        ApiToken.objects.filter(id=token_id)
-        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=now))
-        .exists()
-    )
+    return access.by_id(token_id) is not None
 
 
 def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClient:
@@ -100,14 +94,9 @@ def stream_may_check(*, token_id: int, producer_group: str) -> bool:
     """Whether a check of a transaction of `producer_group` may be sent on a stream opened with
     this token: read when the check is forwarded, so a token revoked or narrowed since the
     stream opened receives nothing."""
-    now = timezone.now()
-    token = (
-        ApiToken.objects.filter(id=token_id)
-        .filter(Q(revoked_at__isnull=True) | Q(revoked_at__gt=now))
-        .only("scopes")
-        .first()
-    )
-    return token is not None and f"produce:{producer_group}" in token.scopes
+    principal = access.by_id(token_id)
+    # The scope itself, not admin's "every group": a stream's producer is its one group's.
+    return principal is not None and producer_group in principal.held("produce")
 
 
 def clients_sweep(*, batch: int = 1000) -> int:

@@ -274,8 +274,10 @@ def bounded_post(url: str, *, data: bytes, headers: dict[str, str]) -> tuple[int
                 if response.headers.get("Content-Encoding", "identity") != "identity":
                     raise _CallFailed("the answer is compressed (identity was asked)", reached=True)
                 return response.status_code, bytes(body)
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
-            if expired.is_set():
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            # The total deadline, whether the timer or a socket's own timeout saw it first.
+            timed_out = (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)
+            if expired.is_set() or isinstance(error, timed_out):
                 reached = "response" in locals()
                 raise _CallFailed(_deadline_text(timeout), reached=reached) from None
             raise

@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache
 from apps.broker.api import failed_auth
 from apps.broker.services import registry
+from tests.support import workers
 from tests.support.ports import free_port
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
@@ -32,6 +33,22 @@ if "TXHUB_ALLOW_HTTP_CALLBACKS" not in os.environ:
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+# This worker's own Redis databases (tests/support/workers.py), for this process and for the
+# gunicorn and Celery processes the tests start; set before any cache or broker connection.
+# (Not CELERY_BROKER_URL in this process's environment: Celery would prefer it to the broker a
+# test's own Celery app names; the processes started below are given it one by one.)
+os.environ["TXHUB_CACHE_URL"] = workers.redis_url("cache")
+settings.TXHUB_CACHE_URL = settings.CACHES["default"]["LOCATION"] = workers.redis_url("cache")
+settings.CELERY_BROKER_URL = workers.redis_url("celery")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow modules first (keeping every other order): with the suite spread over a few
+    processes (docs/decisions/0051) they start at once and the rest fill in around them, instead
+    of one of them ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +159,7 @@ def start_gunicorn(
     env = {
         **os.environ,
         "DATABASE_URL": db_url_for_tests(),
+        "CELERY_BROKER_URL": workers.redis_url("celery"),
         "TXHUB_WEB_THREADS": str(threads),
         **(extra_env or {}),
     }
@@ -169,7 +187,7 @@ def start_gunicorn(
 def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """A real gunicorn (2 workers x 8 threads) serving the test database."""
     port = free_port()
-    with open(ROOT / "var" / "test-gunicorn.log", "w") as log:
+    with open(workers.log_path("test-gunicorn.log"), "w") as log:
         process = start_gunicorn(port, log=log)
         yield f"http://127.0.0.1:{port}"
         process.send_signal(signal.SIGTERM)

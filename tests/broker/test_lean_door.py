@@ -28,6 +28,7 @@ import pytest
 from apps.broker.api import lean
 from apps.broker.services import registry
 from tests.conftest import ROOT, db_url_for_tests, start_gunicorn
+from tests.support import workers
 from tests.support.listening import database_now, hub_listening
 from tests.support.ports import free_port
 from tests.support.production import BEHIND_A_TLS_PROXY
@@ -35,7 +36,7 @@ from tests.support.production import BEHIND_A_TLS_PROXY
 PREFIX = "/api/v1"
 
 
-# The "Production" settings of docs/operations.md that change how a request is answered (decision 0041).
+# The production settings (docs/operations.md) that change an answer (decision 0041).
 PRODUCTION = BEHIND_A_TLS_PROXY
 # What the TLS proxy in front adds to every request it forwards, by deployment.
 PROXY_HEADERS = {"local": {}, "production": {"X-Forwarded-Proto": "https"}}
@@ -87,7 +88,7 @@ def _start(lean_door: bool, deployment: str, **extra: str) -> Iterator[Door]:
     }
     if deployment == "production":
         env.update(PRODUCTION)
-    with open(ROOT / "var" / f"test-gunicorn-{name}.log", "w") as log:
+    with open(workers.log_path(f"test-gunicorn-{name}.log"), "w") as log:
         # One worker each: /metrics then reads the one process that answered.
         process = start_gunicorn(port, workers=1, log=log, extra_env=env)
         yield Door(port, PROXY_HEADERS.get(deployment, {}))

@@ -18,7 +18,8 @@ from apps.broker.models import Delivery, DeliveryState, HalfMessage, Resolver, T
 from apps.broker.services import checkback, consuming, delivery, registry, sending, transactions
 from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
-from tests.conftest import ROOT, Server, start_gunicorn
+from tests.conftest import Server, start_gunicorn
+from tests.support import workers
 from tests.support.ports import free_port
 from tests.support.responses import expect
 from tests.support.transactions import PRODUCER, make_group, prepare, result
@@ -185,7 +186,7 @@ def test_counters_of_every_gunicorn_worker_are_summed(
 ) -> None:
     """Multiprocess mode as `make run` uses it: whichever worker answers, the count is the sum."""
     port = free_port()
-    with open(ROOT / "var" / "test-gunicorn-metrics.log", "w") as log:
+    with open(workers.log_path("test-gunicorn-metrics.log"), "w") as log:
         process = start_gunicorn(
             port,
             workers=2,

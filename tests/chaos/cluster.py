@@ -59,6 +59,8 @@ class Cluster:
             "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.redis_port}/0",
             "TXHUB_PG_PORT": str(self.pg_port),
             "TXHUB_REDIS_PORT": str(self.redis_port),
+            # Its own Redis for the cache too, not the one the test run's environment names.
+            "TXHUB_CACHE_URL": f"redis://127.0.0.1:{self.redis_port}/3",
             "PROMETHEUS_MULTIPROC_DIR": str(self.dir / "metrics"),
             "TXHUB_RECONCILE_OUTPUT": str(self.dir / "reconciliation"),
             **settings,

@@ -43,7 +43,7 @@ def test_bulk_rollback_asks_a_reason_then_records_it(db: None) -> None:
 def test_a_staff_viewer_cannot_act_from_the_admin(db: None) -> None:
     [half] = prepared(1)
     user = User.objects.create_user("vera", password="pw-12345678", is_staff=True)
-    user.groups.add(Group.objects.get(name="txhub-viewers"))
+    user.groups.add(Group.objects.get_or_create(name="txhub-viewers")[0])
     from django.contrib.auth.models import Permission
 
     user.user_permissions.add(Permission.objects.get(codename="view_halfmessage"))

@@ -14,12 +14,13 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from tests.conftest import BIN, ROOT, db_url_for_tests
+from tests.support import workers
 from tests.support.ports import free_port
 
 # The Redis of this checkout's services.sh (also `make run`'s): tests never stop it; a test that
 # stops Redis or Postgres uses a server of its own (PrivateRedis, the `private_cluster` fixture).
-REDIS_PORT = os.environ.get("TXHUB_REDIS_PORT", "63799")
-TEST_BROKER_URL = f"redis://127.0.0.1:{REDIS_PORT}/1"
+REDIS_PORT = workers.REDIS_PORT
+TEST_BROKER_URL = workers.redis_url("celery")
 
 # Fast timings for tests; each is the production setting of the same name.
 FAST = {

@@ -9,7 +9,7 @@ import pytest
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 
-from tests.e2e.conftest import REDIS_PORT
+from tests.support import workers
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 def test_settling_a_message_of_a_closed_channel_is_dropped_not_fatal(
     settle: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url = f"redis://127.0.0.1:{REDIS_PORT}/3"
+    url = workers.redis_url("spare")
     queue = Queue("transport-test", Exchange("transport-test"), routing_key="transport-test")
     with Connection(url, transport="txhub.broker_transport:Transport") as connection:
         channel = connection.channel()
@@ -39,7 +39,7 @@ def test_settling_a_message_of_a_closed_channel_is_dropped_not_fatal(
 
 
 def test_settling_on_an_open_channel_still_reaches_redis() -> None:
-    url = f"redis://127.0.0.1:{REDIS_PORT}/3"
+    url = workers.redis_url("spare")
     queue = Queue(
         "transport-test-open", Exchange("transport-test-open"), routing_key="transport-test-open"
     )

@@ -13,7 +13,7 @@ import pytest
 
 from apps.broker.models import CommitLogEntry, HalfMessage
 from tests.conftest import ROOT, Server
-from tests.e2e.conftest import REDIS_PORT
+from tests.support import workers
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -40,7 +40,7 @@ def test_a_crash_after_the_local_commit_is_settled_by_check_back(
         **os.environ,
         "TXHUB_URL": server.base,
         "ORDER_SERVICE_STATE": str(tmp_path),
-        "CELERY_BROKER_URL": f"redis://127.0.0.1:{REDIS_PORT}/2",
+        "CELERY_BROKER_URL": workers.redis_url("spare"),
     }
     admin = server.token("admin")["Authorization"].split()[1]
     setup = run(

@@ -16,6 +16,7 @@ import pytest
 from apps.broker.services import credentials, registry
 from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import FAST, TEST_BROKER_URL, Celery
+from tests.support import workers
 from tests.support.ports import free_port
 
 
@@ -75,7 +76,7 @@ class GrpcServer:
 @pytest.fixture(scope="session")
 def grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
     port = free_port()
-    with open(ROOT / "var" / "test-grpc.log", "w") as log:
+    with open(workers.log_path("test-grpc.log"), "w") as log:
         server = GrpcServer(port, start_grpc(port, log), log)
         yield server
         stop(server.process)

@@ -24,8 +24,9 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import ApiToken
 from apps.broker.services import registry
-from tests.conftest import ROOT, start_gunicorn
+from tests.conftest import start_gunicorn
 from tests.grpc.conftest import GrpcServer
+from tests.support import workers
 from tests.support.grpc import signed
 from tests.support.ports import free_port
 
@@ -62,7 +63,7 @@ class Web:
 def _web(lean: bool) -> Iterator[Web]:
     port = free_port()
     name = "lean" if lean else "django"
-    with open(ROOT / "var" / f"test-gunicorn-access-{name}.log", "w") as log:
+    with open(workers.log_path(f"test-gunicorn-access-{name}.log"), "w") as log:
         # One worker: /metrics reads the process that answered.
         process = start_gunicorn(
             port, workers=1, threads=2, log=log, extra_env={"TXHUB_LEAN_DOOR": str(int(lean))}

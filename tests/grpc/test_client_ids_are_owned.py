@@ -16,9 +16,9 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
 from apps.broker.services import checkback, clients
-from tests.conftest import ROOT
 from tests.e2e.conftest import TEST_BROKER_URL
 from tests.grpc.conftest import GrpcServer, Setup
+from tests.support import workers
 from tests.support.grpc import WAIT, Telemetry, signed
 from tests.support.waiting import wait_until
 
@@ -155,7 +155,7 @@ def test_a_check_is_not_sent_on_a_stream_whose_token_lost_the_producer_scope(
     token = ApiToken.objects.get(pk=setup.token_id)
     token.scopes = [f"consume:{setup.consumer}"]
     token.save()
-    log = ROOT / "var" / "test-grpc.log"
+    log = workers.log_path("test-grpc.log")
     refusals = log.read_text().count(REFUSED_LINE)
     assert checkback.checkback_run(half_id=after.pk) == "unknown"  # handed to the process
     assert wait_until(lambda: log.read_text().count(REFUSED_LINE) > refusals, timeout=WAIT)

@@ -19,8 +19,8 @@ from rocketmq.v5.util.signature import Signature
 from apps.broker import tasks
 from apps.broker.models import GrpcClient
 from apps.broker.services import credentials, registry
-from tests.conftest import ROOT
 from tests.grpc.conftest import start_grpc, stop
+from tests.support import workers
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def bounded_endpoint(transactional_db: None) -> Iterator[str]:
     port = free_port()
-    with open(ROOT / "var" / "test-grpc-bounded.log", "w") as log:
+    with open(workers.log_path("test-grpc-bounded.log"), "w") as log:
         process = start_grpc(port, log, {"TXHUB_GRPC_MAX_CONCURRENT_RPCS": "1"})
         yield f"127.0.0.1:{port}"
         stop(process)

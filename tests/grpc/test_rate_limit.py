@@ -14,8 +14,8 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from rocketmq.v5.util.signature import Signature
 
 from apps.broker.services import credentials, registry
-from tests.conftest import ROOT
 from tests.grpc.conftest import start_grpc, stop
+from tests.support import workers
 from tests.support.grpc import Telemetry
 from tests.support.ports import free_port
 from tests.support.throttling import fresh_budget
@@ -28,7 +28,7 @@ RATE, WINDOW = 5, 3600  # "5/h": a burst of a second never straddles two windows
 @pytest.fixture(scope="module")
 def throttled_endpoint(django_db_setup: None) -> Iterator[str]:
     port = free_port()
-    with open(ROOT / "var" / "test-grpc-throttled.log", "w") as log:
+    with open(workers.log_path("test-grpc-throttled.log"), "w") as log:
         process = start_grpc(port, log, {"TXHUB_THROTTLE_RATE": f"{RATE}/h"})
         yield f"127.0.0.1:{port}"
         stop(process)

@@ -12,7 +12,9 @@ def login(role: str | None, name: str) -> Client:
         user.is_superuser = True
         user.save()
     elif role:
-        user.groups.add(Group.objects.get(name=role))
+        # The roles' migration made them; a transactional test's flush (run before this one in
+        # the same worker) may have removed them since.
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
     client = Client()
     client.force_login(user)
     return client

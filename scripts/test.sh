@@ -13,10 +13,16 @@ scripts/services.sh up
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 # The tests use the local services above, even while `make run-ha` runs (var/ha/env is not read).
 export TXHUB_HA_ENV_FILE=""
-# The tests' cache (rate limits, the configuration epoch) is Redis database 4, not `make run`'s 3:
-# a test run beside a running `make run` neither resets its epoch nor shares its counters.
-export TXHUB_CACHE_URL="${TXHUB_CACHE_URL:-redis://127.0.0.1:${TXHUB_REDIS_PORT:-63799}/4}"
+# Each test process has Redis databases and a test database of its own, never `make run`'s
+# (tests/support/workers.py), so a test run beside a running `make run` leaves it alone.
 status=0
-.venv/bin/pytest "$@" || status=$?
+if [ "$#" -gt 0 ]; then
+  .venv/bin/pytest "$@" || status=$?
+else
+  # Two runs (docs/decisions/0051): everything but `perf` in a few processes at once, then the
+  # tests that assert a time or a rate, alone, so another test's load is not in their figures.
+  .venv/bin/pytest -n "${TXHUB_TEST_WORKERS:-3}" --dist loadfile -m "not perf" || status=$?
+  .venv/bin/pytest -m perf || status=$?
+fi
 [ "$was_running" = 1 ] || scripts/services.sh down
 exit "$status"

@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.conftest import Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXAMPLES = 20
 CHECKS = [

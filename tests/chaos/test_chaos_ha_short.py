@@ -10,7 +10,7 @@ import pytest
 from tests.chaos.ha import HACluster
 from tests.chaos.run import CASES, SETTINGS, run_case
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.destructive]
 
 
 @pytest.mark.timeout(400)

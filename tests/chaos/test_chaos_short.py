@@ -15,7 +15,7 @@ from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
 from tests.chaos.run import CASES, SETTINGS, run_case
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.destructive]
 
 
 @pytest.fixture(scope="module")

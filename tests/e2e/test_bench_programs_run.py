@@ -13,7 +13,12 @@ from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import Celery
 from tests.grpc.conftest import GrpcServer, grpc_server  # noqa: F401 - the fixture
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(400),
+]
 
 # Programs, not libraries: bench/*.py with a main (cpu.py, http_client.py and seed.py are
 # libraries their own tests cover), and the on_commit comparison.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import requests
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
 
 
 def test_acknowledged_messages_survive_a_web_and_database_crash(private_cluster: Any) -> None:

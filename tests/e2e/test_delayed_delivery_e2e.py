@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from tests.support.responses import expect
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.perf]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tests.support.waiting import wait_until
 
 # An outage of 20 s, then up to 90 + 30 s of recovery: more than the suite's 300 s bound allows
 # for on a busy machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.destructive, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import requests
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.perf]
 
 POOL_TIMEOUT = 1.5
 

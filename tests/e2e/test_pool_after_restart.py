@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
 
 
 def test_a_pool_full_of_dead_connections_serves_at_once_after_a_restart(

@@ -12,7 +12,7 @@ import requests
 from tests.conftest import start_gunicorn
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
 
 
 def test_readyz_is_503_naming_the_broker_while_it_is_unreachable(

@@ -137,6 +137,7 @@ def send_and_time(port: int, headers: dict[str, str], count: int) -> list[float]
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.perf
 def test_500_waiting_consumers_hold_no_thread_and_no_connection(web: Any) -> None:
     port, headers = web
     path = "/api/v1/consumer-groups/billing/receive"
@@ -294,6 +295,7 @@ def test_a_lost_notify_is_repaired_by_the_fallback_check(web: Any) -> None:
     assert got[0][2] - started < 5  # the fallback check (1 s), not the end of the wait (15 s)
 
 
+@pytest.mark.perf
 def test_300_trickling_requests_do_not_stop_a_normal_request(web: Any) -> None:
     port, headers = web
 

@@ -22,7 +22,7 @@ from tests.support.reconciliation import (
 )
 
 # The first test here also starts the suite's local Spark session (a JVM): seconds to minutes.
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_one_of_each_anomaly_is_found_and_nothing_else(

@@ -29,7 +29,7 @@ from tests.support.reconciliation import (
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 # A master, a worker and spark-submit's own JVM start here: slower than the suite's 300 s bound
 # on a busy machine.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def wait_for_port(port: int, seconds: float = 60) -> None:

@@ -5,6 +5,7 @@ Order of checks everywhere: 401 (no token) -> 400 (bad input) -> 403 (scope for 
 """
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import selectors
+from apps.broker import selectors, waiting
 from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
@@ -492,37 +493,23 @@ class ReceiveView(APIView):
         at = epoch(request)
         selectors.topic_allowed(kind="consume", group=group, topic=data["topic"], epoch=at)
         topic = selectors.topic_get(name=data["topic"], epoch=at)
-        # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
-        # here one try, and a plan for the rest. Under WSGI the service itself polls.
-        if not (data["wait_seconds"] > 0 and long_poll.may_wait_outside(request)):
-            received = consuming.message_receive(
-                group=group_row,
-                topic=topic,
-                max_messages=data["max_messages"],
-                invisible_seconds=data["invisible_seconds"],
-                wait_seconds=data["wait_seconds"],
-                tags=data["tag_expression"],
-            )
-            return Response({"messages": output.render_many(output.ReceivedOut, received)})
-        received, seen = long_poll.first_try(
+        since = time.monotonic()
+        received, plan = waiting.first_try(
             group=group_row,
             topic=topic,
             max_messages=data["max_messages"],
             invisible_seconds=data["invisible_seconds"],
             tags=data["tag_expression"],
+            wait_seconds=data["wait_seconds"],
+            token_id=request.auth if isinstance(request.auth, int) else None,
         )
+        # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
+        # the plan goes with the answer. Under WSGI this thread waits (decision 0047).
+        if plan is not None and not long_poll.may_wait_outside(request):
+            received = waiting.wait_here(plan, since=since)
+            plan = None
         response = Response({"messages": output.render_many(output.ReceivedOut, received)})
-        if not received:
-            plan = consuming.WaitPlan(
-                group=group_row,
-                topic=topic,
-                max_messages=data["max_messages"],
-                invisible_seconds=data["invisible_seconds"],
-                wait_seconds=data["wait_seconds"],
-                tags=data["tag_expression"],
-                seen=seen,
-                token_id=request.auth if isinstance(request.auth, int) else None,
-            )
+        if plan is not None:
             long_poll.attach(response, plan)
         return response
 

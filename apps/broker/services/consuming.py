@@ -298,7 +298,7 @@ def _entries_queue_by_queue(
     for cursor_id, queue_id, next_offset in cursors:
         if len(taken) >= limit:
             break
-        # Offsets below the queue counter are all committed (see next_queue_offset), so reading
+        # Offsets below the queue counter are all committed (see sending.take_offsets), so reading
         # ">= cursor" in order can never step over a message that commits later.
         with connection.cursor() as cursor:
             cursor.execute(_ENTRIES_SQL, [topic.pk, queue_id, next_offset, limit - len(taken)])

@@ -16,6 +16,7 @@ The doors keep only what is theirs: how a try runs in their threads and how its 
 written (api/long_poll.py, grpc/consumers.py).
 """
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -23,55 +24,29 @@ from typing import TypeVar
 from django.conf import settings
 
 from apps.broker import metrics, wakeups
-from apps.broker.models import ConsumerGroup, Topic
 from apps.broker.services import consuming
 from apps.broker.services.consuming import Received, WaitPlan
 
 T = TypeVar("T")
 
 
-def first_try(
-    *,
-    group: ConsumerGroup,
-    topic: Topic,
-    max_messages: int,
-    invisible_seconds: int,
-    tags: frozenset[str] | None,
-    wait_seconds: float = 0,
-    token_id: int | None = None,
-) -> tuple[list[Received], WaitPlan | None]:
-    """What a receive gets now, and the plan to wait with when that is nothing and it may wait
-    (`wait_seconds` > 0); `token_id`: whose receive (its revocation ends the wait)."""
+def first_try(plan: WaitPlan) -> tuple[list[Received], WaitPlan | None]:
+    """What the receive `plan` asks for gets now, and, when that is nothing and it may wait
+    (`wait_seconds` > 0), the plan to wait with (`seen` read before the try)."""
     the_hub = wakeups.hub()
-    mark = the_hub.mark(topic.pk)
+    mark = the_hub.mark(plan.topic.pk)
     received: list[Received] = []
-    if wait_seconds > 0 and the_hub.known_empty(topic.pk, group.pk):
+    if plan.wait_seconds > 0 and the_hub.known_empty(plan.topic.pk, plan.group.pk):
         # Nothing receivable as far as this process can tell: wait at once, as a woken and
         # unlucky waiter would, without asking Postgres (decision 0026).
         metrics.RECEIVES_KNOWN_EMPTY.inc()
     else:
-        received, anything = consuming.message_receive_now(
-            group=group,
-            topic=topic,
-            max_messages=max_messages,
-            invisible_seconds=invisible_seconds,
-            tags=tags,
-        )
+        received, anything = consuming.receive_now(plan)
         if not anything:
-            the_hub.note_empty(topic.pk, group.pk, mark)
-    if received or wait_seconds <= 0:
+            the_hub.note_empty(plan.topic.pk, plan.group.pk, mark)
+    if received or plan.wait_seconds <= 0:
         return received, None
-    plan = WaitPlan(
-        group=group,
-        topic=topic,
-        max_messages=max_messages,
-        invisible_seconds=invisible_seconds,
-        wait_seconds=wait_seconds,
-        tags=tags,
-        seen=mark.seen,
-        token_id=token_id,
-    )
-    return received, plan
+    return received, dataclasses.replace(plan, seen=mark.seen)
 
 
 async def wait(

@@ -346,13 +346,15 @@ class ReceiveView(APIView):
         topic = selectors.topic_get(name=data["topic"], epoch=at)
         since = time.monotonic()
         received, plan = waiting.first_try(
-            group=group_row,
-            topic=topic,
-            max_messages=data["max_messages"],
-            invisible_seconds=data["invisible_seconds"],
-            tags=data["tag_expression"],
-            wait_seconds=data["wait_seconds"],
-            token_id=request.auth if isinstance(request.auth, int) else None,
+            consuming.WaitPlan(
+                group=group_row,
+                topic=topic,
+                max_messages=data["max_messages"],
+                invisible_seconds=data["invisible_seconds"],
+                wait_seconds=data["wait_seconds"],
+                tags=data["tag_expression"],
+                token_id=request.auth if isinstance(request.auth, int) else None,
+            )
         )
         # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
         # the plan goes with the answer. Under WSGI this thread waits (decision 0047).

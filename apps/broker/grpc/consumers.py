@@ -86,16 +86,16 @@ class ConsumerRpcs:
                 wait = max(0.0, min(wait, remaining - 1.0))
             seconds = int(invisible)
             since = asyncio.get_running_loop().time()
-            received, plan = await db(
-                waiting.first_try,
+            asked = consuming.WaitPlan(
                 group=group,
                 topic=topic,
                 max_messages=batch,
                 invisible_seconds=seconds,
-                tags=tags,
                 wait_seconds=wait,
+                tags=tags,
                 token_id=caller.principal.token_id,
             )
+            received, plan = await db(waiting.first_try, asked)
             if plan is not None:
                 received = await wait_more(plan, since=since)
         except Refusal as refused:

@@ -50,9 +50,10 @@ def message_receive(
 
 @dataclass(frozen=True)
 class WaitPlan:
-    """A receive that found nothing and may wait (apps/broker/waiting.py, both doors). `seen` is
-    the number of wake-ups for the topic this process had seen before the first try: one that
-    arrived since then may announce what the first try missed."""
+    """A receive that may wait (apps/broker/waiting.py, both doors): what it asks for, whose it
+    is (`token_id`: its revocation ends the wait) and, once its first try found nothing, `seen`:
+    the number of wake-ups for the topic this process had seen before that try (one that arrived
+    since then may announce what the try missed)."""
 
     group: ConsumerGroup
     topic: Topic
@@ -60,29 +61,21 @@ class WaitPlan:
     invisible_seconds: int
     wait_seconds: float
     tags: frozenset[str] | None
-    seen: int
-    token_id: int | None = None  # whose receive: its revocation ends the wait
+    token_id: int | None = None
+    seen: int = 0
+
+
+def receive_now(plan: WaitPlan) -> tuple[list[Received], bool]:
+    """One try, no waiting: what was received, and whether anything at all was receivable (False:
+    no new offset, no expired delivery; the wake-up hub may remember that, waiting.first_try)."""
+    return _receive_once(
+        plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
+    )
 
 
 def receive_once(plan: WaitPlan) -> list[Received]:
     """One more try of a waiting receive (woken, or its fallback check found something)."""
-    received, _ = _receive_once(
-        plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
-    )
-    return received
-
-
-def message_receive_now(
-    *,
-    group: ConsumerGroup,
-    topic: Topic,
-    max_messages: int,
-    invisible_seconds: int,
-    tags: frozenset[str] | None = None,
-) -> tuple[list[Received], bool]:
-    """One try, no waiting: what was received, and whether anything at all was receivable (False:
-    no new offset, no expired delivery; the wake-up hub may remember that, waiting.first_try)."""
-    return _receive_once(group, topic, max_messages, invisible_seconds, tags)
+    return receive_now(plan)[0]
 
 
 def _receive_once(

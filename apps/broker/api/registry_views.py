@@ -2,6 +2,9 @@
 topic bindings, tokens, and the nightly reconciliation's runs. The message views (send, the
 transactions, receive) are views.py, whose helpers and order of checks these share."""
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -15,6 +18,8 @@ from apps.broker.api.auth import require_admin
 from apps.broker.api.views import ERRORS, Pagination, origin, validated
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
 from apps.broker.services import credentials, registry
+
+G = TypeVar("G", ProducerGroup, ConsumerGroup)
 
 
 class TopicListView(APIView):
@@ -84,18 +89,21 @@ class ProducerGroupRotateSecretView(APIView):
         return Response(output.ProducerGroupSecretOut(group).data)
 
 
+def bind_topics(request: Request, name: str, bind: Callable[..., G]) -> G:
+    """The group `name` bound by `bind` to the topics the request names (admin scope)."""
+    require_admin(request)
+    data = validated(inputs.TopicBindingsIn, request.data)
+    return bind(name=name, topics=data["topics"], origin=origin(request))
+
+
 class ProducerGroupTopicsView(APIView):
     @extend_schema(
         request=inputs.TopicBindingsIn, responses={200: output.ProducerGroupOut, **ERRORS}
     )
     def put(self, request: Request, name: str) -> Response:
         """Binds the group to these topics only (replacing its bindings); [] = any topic."""
-        require_admin(request)
-        data = validated(inputs.TopicBindingsIn, request.data)
-        group = registry.producer_group_bind_topics(
-            name=name, topics=data["topics"], origin=origin(request)
-        )
-        return Response(output.ProducerGroupOut(group).data)
+        bound = bind_topics(request, name, registry.producer_group_bind_topics)
+        return Response(output.ProducerGroupOut(bound).data)
 
 
 class ConsumerGroupTopicsView(APIView):
@@ -104,12 +112,8 @@ class ConsumerGroupTopicsView(APIView):
     )
     def put(self, request: Request, group: str) -> Response:
         """Binds the group to these topics only (replacing its bindings); [] = any topic."""
-        require_admin(request)
-        data = validated(inputs.TopicBindingsIn, request.data)
-        group_row = registry.consumer_group_bind_topics(
-            name=group, topics=data["topics"], origin=origin(request)
-        )
-        return Response(output.ConsumerGroupOut(group_row).data)
+        bound = bind_topics(request, group, registry.consumer_group_bind_topics)
+        return Response(output.ConsumerGroupOut(bound).data)
 
 
 class ConsumerGroupListView(APIView):

@@ -68,6 +68,21 @@ SELECT transaction_id, "offset", queue_offset FROM entry
 """  # noqa: S608
 
 
+def _resolution(
+    *, source: str, actor: str, reason: str, detail: dict[str, Any], now: datetime
+) -> dict[str, Any]:
+    """The values both commit statements bind for the resolution and its COMMIT op."""
+    return {
+        "now": now,
+        "state": TransactionState.COMMITTED,
+        "source": source,
+        "op": OpKind.COMMIT,
+        "actor": actor,
+        "reason": reason,
+        "detail": json.dumps(detail),
+    }
+
+
 def commit_locked(
     halves: list[HalfMessage],
     *,
@@ -88,13 +103,7 @@ def commit_locked(
                 "topic_id": halves[0].topic_id,
                 "queue_id": halves[0].queue_id,
                 "half_ids": [half.pk for half in halves],
-                "now": now,
-                "state": TransactionState.COMMITTED,
-                "source": source,
-                "op": OpKind.COMMIT,
-                "actor": actor,
-                "reason": reason,
-                "detail": json.dumps(detail),
+                **_resolution(source=source, actor=actor, reason=reason, detail=detail, now=now),
             },
         )
         stored = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
@@ -163,15 +172,9 @@ def commit_at_once(
             {
                 "tid": transaction_id,
                 "unresolved": list(UNRESOLVED_STATES),
-                "now": now,
                 "any_group": producer_groups is None,
                 "groups": list(producer_groups or ()),
-                "state": TransactionState.COMMITTED,
-                "source": source,
-                "op": OpKind.COMMIT,
-                "actor": actor,
-                "reason": reason,
-                "detail": json.dumps(detail),
+                **_resolution(source=source, actor=actor, reason=reason, detail=detail, now=now),
             },
         )
         row = cursor.fetchone()

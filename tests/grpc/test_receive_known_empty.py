@@ -18,10 +18,8 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import Topic
 from apps.broker.services import sending
-from tests.conftest import ROOT
-from tests.grpc.conftest import GrpcServer, Setup, start_grpc, stop
+from tests.grpc.conftest import GrpcServer, Setup, own_server
 from tests.support.grpc import signed
-from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -29,18 +27,14 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def counted_server(django_db_setup: None, tmp_path: Path) -> Iterator[GrpcServer]:
     """A gRPC server of its own, writing its counters to `tmp_path` as under `make run`."""
-    port = free_port()
-    with open(ROOT / "var" / "test-grpc-known-empty.log", "w") as log:
-        process = start_grpc(port, log, {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
-        yield GrpcServer(port, process, log)
-        stop(process)
+    yield from own_server("test-grpc-known-empty.log", {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
 
 
 def known_empty_receives(directory: Path) -> float:
     files = [str(file) for file in directory.glob("counter_*.db")]
     merged = MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
     return sum(
-        sample.value
+        float(sample.value)
         for family in merged
         for sample in family.samples
         if sample.name == "txhub_receives_known_empty_total"

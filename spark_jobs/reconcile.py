@@ -146,6 +146,11 @@ def extract(
     return frames, rows
 
 
+def _collected(frame: DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows, brought to the driver as dicts."""
+    return [row.asDict() for row in frame.collect()]
+
+
 def reconcile(
     spark: SparkSession,
     db: Database,
@@ -166,27 +171,25 @@ def reconcile(
     started = time.perf_counter()
     as_of = datetime.now(UTC)
     day_start, day_end = day_bounds(day)
-    candidates = [
-        row.asDict()
-        for row in transforms.all_candidates(
+    candidates = _collected(
+        transforms.all_candidates(
             frames["halves"],
             frames["ops"],
             frames["log"],
             frames["delayed"],
             as_of=as_of,
             max_pending_age=max_pending_age,
-        ).collect()
-    ]
-    summary = [
-        row.asDict()
-        for row in transforms.summary(
+        )
+    )
+    summary = _collected(
+        transforms.summary(
             frames["halves"],
             frames["groups"],
             frames["topics"],
             day_start=day_start,
             day_end=day_end,
-        ).collect()
-    ]
+        )
+    )
     timings["transform_s"] = time.perf_counter() - started
 
     started = time.perf_counter()

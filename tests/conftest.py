@@ -21,8 +21,8 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache
 from apps.broker.api import failed_auth
 from apps.broker.services import registry
-from tests.support import workers
 from tests.support.ports import free_port
+from tests.support.workers import log_path, redis_url
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
 # same default when pytest runs directly, for this process (whose settings are already loaded)
@@ -38,9 +38,9 @@ BIN = Path(sys.executable).parent
 # gunicorn and Celery processes the tests start; set before any cache or broker connection.
 # (Not CELERY_BROKER_URL in this process's environment: Celery would prefer it to the broker a
 # test's own Celery app names; the processes started below are given it one by one.)
-os.environ["TXHUB_CACHE_URL"] = workers.redis_url("cache")
-settings.TXHUB_CACHE_URL = settings.CACHES["default"]["LOCATION"] = workers.redis_url("cache")
-settings.CELERY_BROKER_URL = workers.redis_url("celery")
+os.environ["TXHUB_CACHE_URL"] = redis_url("cache")
+settings.TXHUB_CACHE_URL = settings.CACHES["default"]["LOCATION"] = redis_url("cache")
+settings.CELERY_BROKER_URL = redis_url("celery")
 
 
 @pytest.hookimpl(trylast=True)
@@ -159,7 +159,7 @@ def start_gunicorn(
     env = {
         **os.environ,
         "DATABASE_URL": db_url_for_tests(),
-        "CELERY_BROKER_URL": workers.redis_url("celery"),
+        "CELERY_BROKER_URL": redis_url("celery"),
         "TXHUB_WEB_THREADS": str(threads),
         **(extra_env or {}),
     }
@@ -187,7 +187,7 @@ def start_gunicorn(
 def gunicorn(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """A real gunicorn (2 workers x 8 threads) serving the test database."""
     port = free_port()
-    with open(workers.log_path("test-gunicorn.log"), "w") as log:
+    with open(log_path("test-gunicorn.log"), "w") as log:
         process = start_gunicorn(port, log=log)
         yield f"http://127.0.0.1:{port}"
         process.send_signal(signal.SIGTERM)

@@ -54,6 +54,12 @@ LEAN_ANSWERS = Counter(
     ["view"],
     registry=EVENTS,
 )
+RECEIVES_KNOWN_EMPTY = Counter(
+    "txhub_receives_known_empty",
+    "Waiting receives (REST and gRPC) that waited at once, without a query: this process knew "
+    "their topic empty for their group (apps/broker/waiting.py, decision 0026).",
+    registry=EVENTS,
+)
 DELAY_LATENESS = Histogram(
     "txhub_delayed_delivery_lateness_seconds",
     "How long after its due time a delayed message entered the commit log.",

@@ -5,7 +5,7 @@ import copy
 import uuid
 from collections.abc import Collection
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
@@ -63,20 +63,21 @@ def topics_queue_offsets(*, topics: Collection[Topic]) -> dict[int, list[dict[st
 
 
 def producer_group_get(*, name: str, epoch: str | None = None) -> ProducerGroup:
-    group: ProducerGroup | None = _kept(
-        epoch, ("producer_group", name), lambda: rows.one_by(ProducerGroup, "name", name)
-    )
-    if group is None:
-        raise NotFound(f"Producer group {name!r} does not exist.", producer_group=name)
-    return group
+    return _group_get(ProducerGroup, "producer_group", name, epoch)
 
 
 def consumer_group_get(*, name: str, epoch: str | None = None) -> ConsumerGroup:
-    group: ConsumerGroup | None = _kept(
-        epoch, ("consumer_group", name), lambda: rows.one_by(ConsumerGroup, "name", name)
-    )
+    return _group_get(ConsumerGroup, "consumer_group", name, epoch)
+
+
+G = TypeVar("G", ProducerGroup, ConsumerGroup)
+
+
+def _group_get(model: type[G], kind: str, name: str, epoch: str | None) -> G:
+    group: G | None = _kept(epoch, (kind, name), lambda: rows.one_by(model, "name", name))
     if group is None:
-        raise NotFound(f"Consumer group {name!r} does not exist.", consumer_group=name)
+        what = kind.replace("_", " ").capitalize()
+        raise NotFound(f"{what} {name!r} does not exist.", **{kind: name})
     return group
 
 

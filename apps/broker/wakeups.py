@@ -1,6 +1,6 @@
 """Wake-ups for waiting consumers, one hub per ASGI web process (docs/decisions/0024).
 
-A message becomes receivable in one place (sending.next_queue_offset: send, commit, delayed
+A message becomes receivable in one place (sending.take_offsets: send, commit, delayed
 delivery) plus a dead letter sent back (dead_letters.dlq_resend); both NOTIFY `txhub_receivable` in
 their transaction, so Postgres delivers the notification when, and only if, it commits, to every
 process that listens: wake-ups cross processes.

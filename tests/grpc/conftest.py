@@ -73,6 +73,16 @@ class GrpcServer:
         self.process = start_grpc(self.port, self.log)
 
 
+def own_server(log_name: str, extra_env: dict[str, str]) -> Iterator[GrpcServer]:
+    """A gRPC server of a test's own, with settings of its own (`extra_env`), logging to
+    var/<log_name>; for a fixture to yield from."""
+    port = free_port()
+    with open(workers.log_path(log_name), "w") as log:
+        server = GrpcServer(port, start_grpc(port, log, extra_env), log)
+        yield server
+        stop(server.process)
+
+
 @pytest.fixture(scope="session")
 def grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
     port = free_port()

@@ -10,10 +10,8 @@ import pytest
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import GrpcClient
-from tests.grpc.conftest import GrpcServer, start_grpc, stop
-from tests.support import workers
+from tests.grpc.conftest import GrpcServer, own_server
 from tests.support.grpc import WAIT, Telemetry, signed
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -24,11 +22,7 @@ CLIENT_ID = "deaf-host@1@0@producer"
 
 @pytest.fixture(scope="module")
 def bounded_server(django_db_setup: None) -> Iterator[GrpcServer]:
-    port = free_port()
-    with open(workers.log_path("test-grpc-outbox.log"), "w") as log:
-        process = start_grpc(port, log, {"TXHUB_GRPC_STREAM_OUTBOX": str(OUTBOX)})
-        yield GrpcServer(port, process, log)
-        stop(process)
+    yield from own_server("test-grpc-outbox.log", {"TXHUB_GRPC_STREAM_OUTBOX": str(OUTBOX)})
 
 
 def held(client_id: str) -> bool:

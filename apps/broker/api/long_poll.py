@@ -1,12 +1,14 @@
-"""The waiting part of a receive with `wait_seconds`, on the event loop (docs/decisions/0024).
+"""The REST door's part of a receive with `wait_seconds`: the wait itself is both doors'
+(apps/broker/waiting.py, docs/decisions/0024 and 0047).
 
 The ASGI handler (txhub/web.py) runs every request, receive included, through Django's normal sync
 stack in one worker thread: auth, scopes, throttle, validation, errors are the same code as for
 any request. When the handler marks the request (WAIT_OUTSIDE), ReceiveView tries once and, if
 nothing was there and the client may wait, answers `{"messages": []}` with a WaitPlan attached
 instead of sleeping in its thread. The handler then calls `wait()` here, which holds no thread and
-no database connection while it waits: it waits on the process's wake-up hub and, each time it is
-woken, tries again in a short sync section that gives its connection back to the pool at its end.
+no database connection while it waits: it waits on the process's wake-up hub (waiting.wait) and,
+each time it is woken, tries again in a short sync section that gives its connection back to the
+pool at its end and renders the answer.
 """
 
 import logging
@@ -17,10 +19,9 @@ from django.db import connections
 from django.http import HttpResponse
 from rest_framework.renderers import JSONRenderer
 
-from apps.broker import wakeups
+from apps.broker import waiting, wakeups
 from apps.broker.api import output
 from apps.broker.api.errors import error_body, exception_handler
-from apps.broker.models import ConsumerGroup, Topic
 from apps.broker.services import consuming
 
 logger = logging.getLogger(__name__)
@@ -35,34 +36,6 @@ RunInThread = Callable[[Callable[[], T]], Awaitable[T]]
 
 def may_wait_outside(request: Any) -> bool:
     return bool(request.META.get(WAIT_OUTSIDE))
-
-
-def first_try(
-    *,
-    group: ConsumerGroup,
-    topic: Topic,
-    max_messages: int,
-    invisible_seconds: int,
-    tags: frozenset[str] | None,
-) -> tuple[list[consuming.Received], int]:
-    """The try a waiting receive makes before it waits, and the topic's wake-up count read before
-    it (the plan's `seen`). Skipped, without a query, when this process knows the pair is empty
-    (wakeups.py, "Known empty"): 500 consumers asking again every few seconds then cost Postgres
-    nothing."""
-    the_hub = wakeups.hub()
-    mark = the_hub.mark(topic.pk)
-    if the_hub.known_empty(topic.pk, group.pk):
-        return [], mark.seen
-    received, anything = consuming.message_receive_now(
-        group=group,
-        topic=topic,
-        max_messages=max_messages,
-        invisible_seconds=invisible_seconds,
-        tags=tags,
-    )
-    if not anything:
-        the_hub.note_empty(topic.pk, group.pk, mark)
-    return received, mark.seen
 
 
 def attach(response: HttpResponse, plan: consuming.WaitPlan) -> None:
@@ -109,15 +82,11 @@ async def wait(
         return answer
 
     try:
-        result = await wakeups.wait(
-            topic_id=plan.topic.pk,
-            group_id=plan.group.pk,
-            seen=plan.seen,
-            deadline=arrived + plan.wait_seconds,
+        result = await waiting.wait(
+            plan,
+            since=arrived,
             attempt=attempt,
             found=lambda answer: answer[0] != 200 or bool(answer[1]),
-            wants=plan.max_messages,
-            token_id=plan.token_id,
         )
     except wakeups.Revoked:
         # Answered as the same call with the token would be now (docs/decisions/0034).

@@ -1,10 +1,13 @@
-"""REST views: parse and check input, check the scope, call one service or selector, answer.
+"""REST views of messages (send, transactions, receive, the dead-letter queue) and the helpers
+every view shares; the registry's views are registry_views.py, the batches' batch_views.py. Each
+parses and checks input, checks the scope, calls one service or selector, answers.
 
 Order of checks everywhere: 401 (no token) -> 400 (bad input) -> 403 (scope for the named group)
 -> 404 (unknown topic / group / id), so nothing is stored unless every check passed.
 """
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,19 +20,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import access, selectors
+from apps.broker import access, selectors, waiting
 from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
 from apps.broker.api.parsers import content_length
-from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Resolver, Topic
+from apps.broker.models import ConsumerGroup, Door, ProducerGroup, Resolver
 from apps.broker.services import (
     consuming,
-    credentials,
     dead_letters,
     delivery,
     idempotency,
-    registry,
     sending,
     transactions,
 )
@@ -138,155 +139,6 @@ class Pagination(PageNumberPagination):
         own: frozenset[str] = getattr(view, "query_fields", frozenset())
         validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k not in own})
         return super().paginate_queryset(queryset, request, view)
-
-
-# Administration ----------------------------------------------------------------------------
-
-
-class TopicListView(APIView):
-    @extend_schema(request=inputs.TopicIn, responses={201: output.TopicOut, 409: None, **ERRORS})
-    def post(self, request: Request) -> Response:
-        require_admin(request)
-        data = validated(inputs.TopicIn, request.data)
-        topic = registry.topic_create(name=data["name"], queues=data["queues"])
-        return Response(output.TopicOut(topic).data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses={200: output.TopicOut(many=True)})
-    def get(self, request: Request) -> Response:
-        require_admin(request)
-        return Response(output.TopicOut(Topic.objects.order_by("name"), many=True).data)
-
-
-class TopicDetailView(APIView):
-    @extend_schema(responses={200: output.TopicDetailOut})
-    def get(self, request: Request, name: str) -> Response:
-        require_admin(request)
-        topic = selectors.topic_get(name=name)
-        data = dict(output.TopicOut(topic).data)
-        data["queue_offsets"] = selectors.topic_queue_offsets(topic=topic)
-        return Response(data)
-
-
-class ProducerGroupListView(APIView):
-    @extend_schema(
-        request=inputs.ProducerGroupIn, responses={201: output.ProducerGroupSecretOut, 409: None}
-    )
-    def post(self, request: Request) -> Response:
-        require_admin(request)
-        data = validated(inputs.ProducerGroupIn, request.data)
-        group = registry.producer_group_create(
-            name=data["name"], check_url=data.get("check_url", "")
-        )
-        return Response(output.ProducerGroupSecretOut(group).data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
-    def get(self, request: Request) -> Response:
-        require_admin(request)
-        groups = ProducerGroup.objects.order_by("name").prefetch_related("topics")
-        return Response(output.ProducerGroupOut(groups, many=True).data)
-
-
-class ProducerGroupDetailView(APIView):
-    @extend_schema(responses={200: output.ProducerGroupOut})
-    def get(self, request: Request, name: str) -> Response:
-        require_admin(request)
-        return Response(output.ProducerGroupOut(selectors.producer_group_get(name=name)).data)
-
-    @extend_schema(request=inputs.ProducerGroupPatchIn, responses={200: output.ProducerGroupOut})
-    def patch(self, request: Request, name: str) -> Response:
-        require_admin(request)
-        data = validated(inputs.ProducerGroupPatchIn, request.data)
-        group = registry.producer_group_update(
-            name=name, check_url=data["check_url"], origin=origin(request)
-        )
-        return Response(output.ProducerGroupOut(group).data)
-
-
-class ProducerGroupRotateSecretView(APIView):
-    @extend_schema(request=None, responses={200: output.ProducerGroupSecretOut})
-    def post(self, request: Request, name: str) -> Response:
-        require_admin(request)
-        group = registry.producer_group_rotate_secret(name=name, origin=origin(request))
-        return Response(output.ProducerGroupSecretOut(group).data)
-
-
-class ProducerGroupTopicsView(APIView):
-    @extend_schema(
-        request=inputs.TopicBindingsIn, responses={200: output.ProducerGroupOut, **ERRORS}
-    )
-    def put(self, request: Request, name: str) -> Response:
-        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
-        require_admin(request)
-        data = validated(inputs.TopicBindingsIn, request.data)
-        group = registry.producer_group_bind_topics(
-            name=name, topics=data["topics"], origin=origin(request)
-        )
-        return Response(output.ProducerGroupOut(group).data)
-
-
-class ConsumerGroupTopicsView(APIView):
-    @extend_schema(
-        request=inputs.TopicBindingsIn, responses={200: output.ConsumerGroupOut, **ERRORS}
-    )
-    def put(self, request: Request, group: str) -> Response:
-        """Binds the group to these topics only (replacing its bindings); [] = any topic."""
-        require_admin(request)
-        data = validated(inputs.TopicBindingsIn, request.data)
-        group_row = registry.consumer_group_bind_topics(
-            name=group, topics=data["topics"], origin=origin(request)
-        )
-        return Response(output.ConsumerGroupOut(group_row).data)
-
-
-class ConsumerGroupListView(APIView):
-    @extend_schema(
-        request=inputs.ConsumerGroupIn, responses={201: output.ConsumerGroupOut, 409: None}
-    )
-    def post(self, request: Request) -> Response:
-        require_admin(request)
-        data = validated(inputs.ConsumerGroupIn, request.data)
-        group = registry.consumer_group_create(**data)
-        return Response(output.ConsumerGroupOut(group).data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses={200: output.ConsumerGroupOut(many=True)})
-    def get(self, request: Request) -> Response:
-        require_admin(request)
-        groups = ConsumerGroup.objects.order_by("name").prefetch_related("topics")
-        return Response(output.ConsumerGroupOut(groups, many=True).data)
-
-
-class TokenListView(APIView):
-    @extend_schema(
-        request=inputs.TokenIn,
-        responses={201: output.TokenCreatedOut},
-    )
-    def post(self, request: Request) -> Response:
-        require_admin(request)
-        data = validated(inputs.TokenIn, request.data)
-        token, raw = registry.token_create(
-            name=data["name"], scopes=data["scopes"], origin=origin(request)
-        )
-        body = {
-            "id": token.pk,
-            "name": token.name,
-            "scopes": token.scopes,
-            "token": raw,
-            **credentials.of(token),
-        }
-        return Response(body, status=status.HTTP_201_CREATED)
-
-    @extend_schema(responses={200: output.TokenOut(many=True)})
-    def get(self, request: Request) -> Response:
-        require_admin(request)
-        return Response(output.TokenOut(ApiToken.objects.order_by("id"), many=True).data)
-
-
-class TokenDetailView(APIView):
-    @extend_schema(responses={204: None})
-    def delete(self, request: Request, token_id: int) -> Response:
-        require_admin(request)
-        registry.token_revoke(token_id=token_id, origin=origin(request))
-        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # Producers ---------------------------------------------------------------------------------
@@ -492,37 +344,25 @@ class ReceiveView(APIView):
         at = epoch(request)
         access.topic_allowed(kind="consume", group=group, topic=data["topic"], epoch=at)
         topic = selectors.topic_get(name=data["topic"], epoch=at)
-        # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
-        # here one try, and a plan for the rest. Under WSGI the service itself polls.
-        if not (data["wait_seconds"] > 0 and long_poll.may_wait_outside(request)):
-            received = consuming.message_receive(
+        since = time.monotonic()
+        received, plan = waiting.first_try(
+            consuming.WaitPlan(
                 group=group_row,
                 topic=topic,
                 max_messages=data["max_messages"],
                 invisible_seconds=data["invisible_seconds"],
                 wait_seconds=data["wait_seconds"],
                 tags=data["tag_expression"],
-            )
-            return Response({"messages": output.render_many(output.ReceivedOut, received)})
-        received, seen = long_poll.first_try(
-            group=group_row,
-            topic=topic,
-            max_messages=data["max_messages"],
-            invisible_seconds=data["invisible_seconds"],
-            tags=data["tag_expression"],
-        )
-        response = Response({"messages": output.render_many(output.ReceivedOut, received)})
-        if not received:
-            plan = consuming.WaitPlan(
-                group=group_row,
-                topic=topic,
-                max_messages=data["max_messages"],
-                invisible_seconds=data["invisible_seconds"],
-                wait_seconds=data["wait_seconds"],
-                tags=data["tag_expression"],
-                seen=seen,
                 token_id=request.auth if isinstance(request.auth, int) else None,
             )
+        )
+        # Under ASGI the wait happens on the event loop, holding no thread (api/long_poll.py):
+        # the plan goes with the answer. Under WSGI this thread waits (decision 0047).
+        if plan is not None and not long_poll.may_wait_outside(request):
+            received = waiting.wait_here(plan, since=since)
+            plan = None
+        response = Response({"messages": output.render_many(output.ReceivedOut, received)})
+        if plan is not None:
             long_poll.attach(response, plan)
         return response
 
@@ -577,27 +417,3 @@ class DlqResendView(APIView):
             group=consumer_group(request, group), msg_id=msg_id, origin=origin(request)
         )
         return Response(output.DeliveryOut(delivery).data)
-
-
-# Reconciliation ----------------------------------------------------------------------------
-
-
-class ReconciliationListView(APIView):
-    pagination_class = Pagination  # for the schema: the list is paginated
-
-    @extend_schema(responses={200: output.ReconciliationRunOut(many=True), **ERRORS})
-    def get(self, request: Request) -> Response:
-        """Runs of the nightly reconciliation, newest first, with their counts (admin scope)."""
-        require_admin(request)
-        paginator = Pagination()
-        page = paginator.paginate_queryset(selectors.reconciliation_runs(), request, view=self)
-        return paginator.get_paginated_response(output.ReconciliationRunOut(page, many=True).data)
-
-
-class ReconciliationDetailView(APIView):
-    @extend_schema(responses={200: output.ReconciliationRunDetailOut, **ERRORS})
-    def get(self, request: Request, run_id: int) -> Response:
-        """One run with every finding: its kind, the ids involved and an explanation."""
-        require_admin(request)
-        run = selectors.reconciliation_get(run_id=run_id)
-        return Response(output.ReconciliationRunDetailOut(run).data)

@@ -1,6 +1,5 @@
 """Running the synchronous services from grpc.aio handlers, and the long poll's wait."""
 
-import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -9,7 +8,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
-from apps.broker import limits, wakeups
+from apps.broker import limits, waiting, wakeups
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
@@ -18,6 +17,8 @@ from apps.broker.grpc.protocol import (
     status,
     unavailable_refusal,
 )
+from apps.broker.services import consuming
+from apps.broker.services.consuming import Received, WaitPlan
 from apps.broker.services.errors import BrokerError
 
 log = logging.getLogger("txhub.grpc")
@@ -38,35 +39,16 @@ async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await call(fn, args, kwargs)
 
 
-async def wait_for(
-    fetch: Callable[[], list[T]], *, seconds: float, topic_id: int, group_id: int, token_id: int
-) -> list[T]:
-    """The long poll: `fetch` now and, while nothing is there, each time this process's wake-up
-    hub says the topic may have something for the group (Postgres NOTIFY from the commit, send,
-    delayed delivery or resend that made it receivable, with the hub's fallback check), until
-    `seconds` are up. The same wait as the REST door's (apps/broker/wakeups.py); no thread or
-    connection is held while waiting. The token revoked meanwhile: UNAUTHORIZED, as a call with
-    it would be now (docs/decisions/0034)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    seen = wakeups.hub().seen(topic_id)  # before the first try: a wake-up after it is not missed
-    found = await db(fetch)
-    if found or seconds <= 0:
-        return found
+async def wait_more(plan: WaitPlan, *, since: float) -> list[Received]:
+    """The long poll's wait, both doors' (apps/broker/waiting.py, decision 0047): each try in
+    this pool, until the plan's wait time counted from `since` (loop time) is up. The token
+    revoked meanwhile: UNAUTHORIZED, as a call with it would be now (docs/decisions/0034)."""
 
-    async def attempt() -> list[T]:
-        return await db(fetch)
+    async def attempt() -> list[Received]:
+        return await db(consuming.receive_once, plan)
 
     try:
-        woken = await wakeups.wait(
-            topic_id=topic_id,
-            group_id=group_id,
-            seen=seen,
-            deadline=deadline,
-            attempt=attempt,
-            found=bool,
-            token_id=token_id,
-        )
+        woken = await waiting.wait(plan, since=since, attempt=attempt, found=bool)
     except wakeups.Revoked:
         raise Refusal(Code.UNAUTHORIZED, "The access key was revoked.") from None
     return woken or []

@@ -3,14 +3,15 @@
 the backoff the Telemetry settings announce; the dead-letter queue). Each calls one
 `services.consuming` function, the REST door's."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from apps.broker import access, limits
-from apps.broker.grpc.calls import db, log, unary, wait_for
+from apps.broker import access, limits, waiting
+from apps.broker.grpc.calls import db, log, unary, wait_more
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
@@ -84,23 +85,19 @@ class ConsumerRpcs:
             if remaining is not None:  # answer before the client's own deadline
                 wait = max(0.0, min(wait, remaining - 1.0))
             seconds = int(invisible)
-
-            def fetch() -> list[consuming.Received]:
-                return consuming.message_receive(
-                    group=group,
-                    topic=topic,
-                    max_messages=batch,
-                    invisible_seconds=seconds,
-                    tags=tags,
-                )
-
-            received = await wait_for(
-                fetch,
-                seconds=wait,
-                topic_id=topic.pk,
-                group_id=group.pk,
+            since = asyncio.get_running_loop().time()
+            asked = consuming.WaitPlan(
+                group=group,
+                topic=topic,
+                max_messages=batch,
+                invisible_seconds=seconds,
+                wait_seconds=wait,
+                tags=tags,
                 token_id=caller.principal.token_id,
             )
+            received, plan = await db(waiting.first_try, asked)
+            if plan is not None:
+                received = await wait_more(plan, since=since)
         except Refusal as refused:
             yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
             return

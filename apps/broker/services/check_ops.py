@@ -1,9 +1,12 @@
 """What check-back writes, whoever carried the check (HTTP or a producer's gRPC stream): its
-actor and the CHECK op of one attempt."""
+actor, the CHECK op of one attempt, and the one resolver of its answers (decision 0048)."""
 
+from datetime import datetime
 from typing import Any
 
 from apps.broker.models import HalfMessage, OpKind, OpRecord, Resolver
+from apps.broker.models import TransactionState as State
+from apps.broker.services import transactions
 from apps.broker.services.transactions import Actor
 
 CHECK_BACK = Actor(Resolver.CHECK_BACK, "check-back")
@@ -20,3 +23,31 @@ def record_check(half: HalfMessage, detail: dict[str, Any], now: Any) -> None:
         detail=detail,
         at=now,
     )
+
+
+RESOLVED_MEANWHILE = "resolved-meanwhile"
+DECISIVE = frozenset({"COMMIT", "ROLLBACK"})
+
+
+def checkback_resolve(
+    half: HalfMessage, *, detail: dict[str, Any], now: datetime, carrier: str
+) -> str | None:
+    """Check-back's answer (`detail["answer"]`) to a check of `half`, which the caller holds
+    locked, carried by HTTP or a producer's gRPC stream (`carrier`, named in the reason): the
+    one place an answer is applied (decision 0048). Recorded as a CHECK op either way; applied
+    only while the transaction is PREPARED (CONTRACT invariant 7), through the same commit and
+    rollback services as the producer's own calls. Returns RESOLVED_MEANWHILE (not applied),
+    the answer (COMMIT, ROLLBACK: resolved), or None: the answer decides nothing (UNKNOWN, or
+    no answer), the caller schedules the next check."""
+    answer = detail["answer"]
+    if half.state != State.PREPARED:
+        record_check(half, {**detail, "applied": False}, now)
+        return RESOLVED_MEANWHILE
+    record_check(half, {**detail, "applied": answer in DECISIVE}, now)
+    if answer not in DECISIVE:
+        return None
+    resolve = (
+        transactions.transaction_commit if answer == "COMMIT" else transactions.transaction_rollback
+    )
+    resolve(transaction_id=half.transaction_id, actor=CHECK_BACK, reason=f"answered by {carrier}")
+    return str(answer)

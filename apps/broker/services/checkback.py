@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from apps.broker import failpoints
@@ -22,7 +23,7 @@ from apps.broker.models import HalfMessage, Resolver
 from apps.broker.models import TransactionState as State
 from apps.broker.services import checkback_stream, scans, transactions
 from apps.broker.services.callbacks import CheckResult, call_check_url
-from apps.broker.services.check_ops import CHECK_BACK, record_check
+from apps.broker.services.check_ops import DECISIVE, checkback_resolve
 from apps.broker.services.transactions import Actor
 
 SYSTEM = Actor(Resolver.SYSTEM, "txhub")
@@ -179,27 +180,17 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         half = HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
         if half is None:
             return "gone"
-        if half.state != State.PREPARED:
-            record_check(half, {**detail, "applied": False}, now)
-            HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
-            return "resolved-meanwhile"
-        record_check(half, {**detail, "applied": result.answer != "UNKNOWN"}, now)
+        resolved = checkback_resolve(
+            half, detail=detail, now=now, carrier="the producer's check URL"
+        )
+        if resolved is not None:
+            # The check is over: its lease ends; an answer that decided counts as a check.
+            counted = {"check_times": F("check_times") + 1, "unreachable_checks": 0}
+            HalfMessage.objects.filter(pk=half_id).update(
+                checking_until=None, **(counted if resolved in DECISIVE else {})
+            )
+            return resolved
         half.checking_until = None
-        if result.answer in {"COMMIT", "ROLLBACK"}:
-            half.check_times += 1
-            half.unreachable_checks = 0
-            half.save(update_fields=["checking_until", "check_times", "unreachable_checks"])
-            resolve = (
-                transactions.transaction_commit
-                if result.answer == "COMMIT"
-                else transactions.transaction_rollback
-            )
-            resolve(
-                transaction_id=half.transaction_id,
-                actor=CHECK_BACK,
-                reason="answered by the producer's check URL",
-            )
-            return result.answer
         if result.reached:
             half.check_times += 1
             half.unreachable_checks = 0

@@ -2,8 +2,8 @@
 
 The check goes out as a RecoverOrphanedTransactionCommand on a connected producer's stream; the
 producer answers with EndTransaction(source=SOURCE_SERVER_CHECK), applied here as check-back's
-answer: a CHECK op, then the same commit/rollback service, only while still PREPARED
-(CONTRACT invariant 7). docs/decisions/0023."""
+answer by the same resolver as an HTTP answer (check_ops.checkback_resolve, decision 0048).
+docs/decisions/0023."""
 
 import json
 import uuid
@@ -15,9 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.broker.models import HalfMessage, OpKind, OpRecord
-from apps.broker.models import TransactionState as State
 from apps.broker.services import clients, transactions
-from apps.broker.services.check_ops import CHECK_BACK, record_check
+from apps.broker.services.check_ops import checkback_resolve
 from apps.broker.services.errors import NotFound
 from apps.broker.services.transactions import Actor
 from txhub.redis_sentinel import broker_client
@@ -101,16 +100,12 @@ def checkback_answer(
         if not check_outstanding(half, client_id=client_id):
             resolve(transaction_id=transaction_id, actor=producer, producer_groups=producer_groups)
             return "producer"
-        via = {"via": "telemetry", "client_id": client_id}
-        detail = {"answer": answer, "reached": True, "status": None, "error": "", **via}
-        if half.state != State.PREPARED:
-            record_check(half, {**detail, "applied": False}, timezone.now())
-            return "resolved-meanwhile"
+        detail = {"answer": answer, "reached": True, "status": None, "error": ""}
         # The check was counted when it was sent (checkback_run): not counted again here.
-        record_check(half, {**detail, "applied": True}, timezone.now())
-        resolve(
-            transaction_id=transaction_id,
-            actor=CHECK_BACK,
-            reason="answered by the producer over its Telemetry stream",
+        resolved = checkback_resolve(
+            half,
+            detail={**detail, "via": "telemetry", "client_id": client_id},
+            now=timezone.now(),
+            carrier="the producer over its Telemetry stream",
         )
-        return answer
+        return resolved or "unknown"

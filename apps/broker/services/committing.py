@@ -3,7 +3,8 @@ marking them COMMITTED and appending their COMMIT ops, in one statement, so a co
 its op record cannot exist without each other (CONTRACT invariant 3); and one round trip on the
 hottest path. Two statements: COMMIT_SQL for half messages the caller locked (one or many, of one
 queue), and COMMIT_AT_ONCE_SQL, which takes the lock itself for the producer's plain commit.
-Both are composed of constants only; every value is bound by the server."""
+Both append with the one commit-log append's clauses (sending.take_offsets, append_entries); both
+are composed of constants only; every value is bound by the server."""
 
 import json
 import uuid
@@ -25,31 +26,35 @@ from apps.broker.models import (
     TransactionState,
 )
 from apps.broker.services.half_rows import half_of
-from apps.broker.services.sending import RECEIVABLE_CHANNEL, TAKE_OFFSETS_SQL
+from apps.broker.services.sending import append_entries, take_offsets
 
-# The commit-log row of a half message `h`, at `queue_offset`: the columns and their values.
-_ENTRY_COLUMNS = """(msg_id, queue_id, tags, keys, properties, body, body_is_binary,
-        born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)"""
-_ENTRY_VALUES = """h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
-        h.born_at, {queue_offset}, g.name, h.transaction_id, %(now)s, h.topic_id"""
+
+# The commit-log rows of half messages `h` (with their producer group `g`), as sending's
+# append_entries reads them; `i`: each one's place among those appended.
+def _halves(source: str, place: str) -> str:
+    return f"""(
+    SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
+        h.born_at, g.name AS producer_group, h.transaction_id, h.topic_id, {place} AS i
+    FROM {source} JOIN broker_producergroup g ON g.id = h.producer_group_id
+) m"""  # noqa: S608 - composed of constants only
+
+
 _RESOLVED = """UPDATE broker_halfmessage SET state = %(state)s, resolved_at = %(now)s,
         resolved_by = %(source)s, next_check_at = NULL"""
 _OP = "INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)"
 
-# Half messages of one queue, each locked by the caller: their offsets taken together (in the
-# order given: the queue row stays locked until the caller's transaction commits, see
-# sending.NEXT_QUEUE_OFFSET_SQL) and announced by one NOTIFY.
+# Half messages of one queue, each locked by the caller: appended together (sending's one
+# append: their offsets taken in the order given, the queue row locked until the caller's
+# transaction commits, one NOTIFY).
+_BATCH = "batch JOIN broker_halfmessage h ON h.id = batch.id"
 COMMIT_SQL = f"""
-WITH queue AS ({TAKE_OFFSETS_SQL}),
+WITH queue AS ({take_offsets()}),
 batch AS (SELECT id, i FROM unnest(%(half_ids)s::bigint[]) WITH ORDINALITY AS b(id, i)),
-entry AS (
-    INSERT INTO broker_commitlogentry {_ENTRY_COLUMNS}
-    SELECT {_ENTRY_VALUES.format(queue_offset="queue.first_offset + batch.i - 1")}
-    FROM batch JOIN broker_halfmessage h ON h.id = batch.id
-        JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
-    ORDER BY batch.i
-    RETURNING transaction_id, "offset", queue_offset
-),
+entry AS ({
+    append_entries(
+        messages=_halves(_BATCH, "batch.i"), returning='transaction_id, "offset", queue_offset'
+    )
+}),
 resolved AS (
     {_RESOLVED}
     WHERE id IN (SELECT id FROM batch) AND EXISTS (SELECT 1 FROM entry)
@@ -61,6 +66,21 @@ op AS (
 )
 SELECT transaction_id, "offset", queue_offset FROM entry
 """  # noqa: S608
+
+
+def _resolution(
+    *, source: str, actor: str, reason: str, detail: dict[str, Any], now: datetime
+) -> dict[str, Any]:
+    """The values both commit statements bind for the resolution and its COMMIT op."""
+    return {
+        "now": now,
+        "state": TransactionState.COMMITTED,
+        "source": source,
+        "op": OpKind.COMMIT,
+        "actor": actor,
+        "reason": reason,
+        "detail": json.dumps(detail),
+    }
 
 
 def commit_locked(
@@ -83,13 +103,7 @@ def commit_locked(
                 "topic_id": halves[0].topic_id,
                 "queue_id": halves[0].queue_id,
                 "half_ids": [half.pk for half in halves],
-                "now": now,
-                "state": TransactionState.COMMITTED,
-                "source": source,
-                "op": OpKind.COMMIT,
-                "actor": actor,
-                "reason": reason,
-                "detail": json.dumps(detail),
+                **_resolution(source=source, actor=actor, reason=reason, detail=detail, now=now),
             },
         )
         stored = {row[0]: (row[1], row[2]) for row in cursor.fetchall()}
@@ -117,18 +131,12 @@ WITH h AS (
         AND (%(any_group)s OR pg.name = ANY(%(groups)s::varchar[]))
     FOR UPDATE OF h
 ),
-queue AS (
-    UPDATE broker_messagequeue q SET next_offset = q.next_offset + 1
-    FROM h WHERE q.topic_id = h.topic_id AND q.queue_id = h.queue_id
-    RETURNING q.next_offset - 1 AS queue_offset,
-        pg_notify('{RECEIVABLE_CHANNEL}', concat_ws(' ', q.topic_id, q.queue_id, q.next_offset - 1))
-),
-entry AS (
-    INSERT INTO broker_commitlogentry {_ENTRY_COLUMNS}
-    SELECT {_ENTRY_VALUES.format(queue_offset="queue.queue_offset")}
-    FROM h JOIN broker_producergroup g ON g.id = h.producer_group_id, queue
-    RETURNING "offset", queue_offset
-),
+queue AS ({
+    take_offsets(
+        where="q.topic_id = h.topic_id AND q.queue_id = h.queue_id", n="1", from_=" FROM h"
+    )
+}),
+entry AS ({append_entries(messages=_halves("h", "1"), returning='"offset", queue_offset')}),
 resolved AS (
     {_RESOLVED}
     WHERE id IN (SELECT id FROM h) AND EXISTS (SELECT 1 FROM entry)
@@ -164,15 +172,9 @@ def commit_at_once(
             {
                 "tid": transaction_id,
                 "unresolved": list(UNRESOLVED_STATES),
-                "now": now,
                 "any_group": producer_groups is None,
                 "groups": list(producer_groups or ()),
-                "state": TransactionState.COMMITTED,
-                "source": source,
-                "op": OpKind.COMMIT,
-                "actor": actor,
-                "reason": reason,
-                "detail": json.dumps(detail),
+                **_resolution(source=source, actor=actor, reason=reason, detail=detail, now=now),
             },
         )
         row = cursor.fetchone()

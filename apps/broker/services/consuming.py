@@ -3,11 +3,9 @@ invisible time, dead-letter queue and resend. At least once per consumer group."
 
 import random
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -42,55 +40,42 @@ def message_receive(
     topic: Topic,
     max_messages: int,
     invisible_seconds: int,
-    wait_seconds: int = 0,
     tags: frozenset[str] | None = None,
 ) -> list[Received]:
-    """Expired in-flight messages first (redelivery), then new ones. With `wait_seconds` it polls
-    until something arrives or the time is up (long polling)."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        received, _ = _receive_once(group, topic, max_messages, invisible_seconds, tags)
-        remaining = deadline - time.monotonic()
-        if received or remaining <= 0:
-            return received
-        time.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
+    """Expired in-flight messages first (redelivery), then new ones; one try. A receive that may
+    wait (long polling) is apps/broker/waiting.py's, for both doors (decision 0047)."""
+    received, _ = _receive_once(group, topic, max_messages, invisible_seconds, tags)
+    return received
 
 
 @dataclass(frozen=True)
 class WaitPlan:
-    """A receive that found nothing and may wait (ASGI web tier: apps/broker/api/long_poll.py).
-    `seen` is the number of wake-ups for the topic this process had seen before the first try:
-    one that arrived since then may announce what the first try missed."""
+    """A receive that may wait (apps/broker/waiting.py, both doors): what it asks for, whose it
+    is (`token_id`: its revocation ends the wait) and, once its first try found nothing, `seen`:
+    the number of wake-ups for the topic this process had seen before that try (one that arrived
+    since then may announce what the try missed)."""
 
     group: ConsumerGroup
     topic: Topic
     max_messages: int
     invisible_seconds: int
-    wait_seconds: int
+    wait_seconds: float
     tags: frozenset[str] | None
-    seen: int
-    token_id: int | None = None  # whose receive: its revocation ends the wait
+    token_id: int | None = None
+    seen: int = 0
+
+
+def receive_now(plan: WaitPlan) -> tuple[list[Received], bool]:
+    """One try, no waiting: what was received, and whether anything at all was receivable (False:
+    no new offset, no expired delivery; the wake-up hub may remember that, waiting.first_try)."""
+    return _receive_once(
+        plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
+    )
 
 
 def receive_once(plan: WaitPlan) -> list[Received]:
     """One more try of a waiting receive (woken, or its fallback check found something)."""
-    received, _ = _receive_once(
-        plan.group, plan.topic, plan.max_messages, plan.invisible_seconds, plan.tags
-    )
-    return received
-
-
-def message_receive_now(
-    *,
-    group: ConsumerGroup,
-    topic: Topic,
-    max_messages: int,
-    invisible_seconds: int,
-    tags: frozenset[str] | None = None,
-) -> tuple[list[Received], bool]:
-    """One try, no waiting: what was received, and whether anything at all was receivable (False:
-    no new offset, no expired delivery; the wake-up hub may remember that, api/long_poll.py)."""
-    return _receive_once(group, topic, max_messages, invisible_seconds, tags)
+    return receive_now(plan)[0]
 
 
 def _receive_once(
@@ -306,7 +291,7 @@ def _entries_queue_by_queue(
     for cursor_id, queue_id, next_offset in cursors:
         if len(taken) >= limit:
             break
-        # Offsets below the queue counter are all committed (see next_queue_offset), so reading
+        # Offsets below the queue counter are all committed (see sending.take_offsets), so reading
         # ">= cursor" in order can never step over a message that commits later.
         with connection.cursor() as cursor:
             cursor.execute(_ENTRIES_SQL, [topic.pk, queue_id, next_offset, limit - len(taken)])

@@ -3,6 +3,7 @@ then a scan moves each into the commit log exactly once, with its queue offset a
 
 import time
 from datetime import datetime, timedelta
+from itertools import groupby
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -15,7 +16,7 @@ from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import CommitLogEntry, DelayedMessage
 from apps.broker.services import scans
 from apps.broker.services.errors import invalid
-from apps.broker.services.sending import OutgoingMessage, commit_log_append
+from apps.broker.services.sending import Appended, OutgoingMessage, commit_log_append
 
 
 def delivery_time(
@@ -64,21 +65,33 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
             DelayedMessage.objects.select_related("topic"), ids, scan="delayed_delivery"
         )
         # Offsets in (topic, queue) order: every appending transaction takes queue locks in the
-        # same order, so two scans cannot deadlock on them.
-        for delayed in sorted(due, key=lambda d: (d.topic_id, d.queue_id, d.deliver_at)):
+        # same order, so two scans cannot deadlock on them. One append per queue.
+        now = timezone.now()
+        ordered = sorted(due, key=lambda d: (d.topic_id, d.queue_id, d.deliver_at))
+        for (topic_id, queue_id), of_queue in groupby(ordered, key=_queue_of):
             commit_log_append(
-                topic=delayed.topic,
-                queue_id=delayed.queue_id,
-                msg_id=delayed.msg_id,
-                message=OutgoingMessage.of(delayed, delayed.producer_group),
-                born_at=delayed.born_at,
-                transaction_id=delayed.transaction_id,
+                topic_id=topic_id,
+                queue_id=queue_id,
+                entries=[
+                    Appended(
+                        d.msg_id,
+                        OutgoingMessage.of(d, d.producer_group),
+                        d.born_at,
+                        d.transaction_id,
+                    )
+                    for d in of_queue
+                ],
+                now=now,
             )
         DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
         moved_at = timezone.now()
         lateness = [(moved_at - d.deliver_at).total_seconds() for d in due]
         transaction.on_commit(lambda: observe_all(DELAY_LATENESS, lateness))
     return len(due)
+
+
+def _queue_of(delayed: DelayedMessage) -> tuple[int, int]:
+    return delayed.topic_id, delayed.queue_id
 
 
 def seconds_until_next_due() -> float | None:

@@ -71,21 +71,6 @@ def queue_for(*, topic: Topic, msg_id: str) -> int:
 # from it (apps/broker/wakeups.py, docs/decisions/0024). The payload starts with the topic id.
 RECEIVABLE_CHANNEL = "txhub_receivable"
 
-# Hands out a queue's next offset. The UPDATE keeps the queue row locked until the caller's
-# transaction commits. Lock: without it two concurrent commits could make offset N+1 visible
-# before N, and a consumer that has read N+1 would skip N for ever (CONTRACT invariant 5).
-# Every message becomes receivable here (send, commit, delayed delivery), so this is also where
-# it is announced: the NOTIFY is part of the transaction, delivered to listeners when (and only
-# if) it commits, with no extra round trip. One payload per message ("topic queue offset"), so
-# Postgres does not fold them and the listener knows how many arrived.
-NEXT_QUEUE_OFFSET_SQL = (
-    "UPDATE broker_messagequeue SET next_offset = next_offset + 1 "
-    "WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s "
-    "RETURNING next_offset - 1 AS queue_offset, "
-    "pg_notify('txhub_receivable', concat_ws(' ', topic_id, queue_id, next_offset - 1))"
-)
-assert RECEIVABLE_CHANNEL in NEXT_QUEUE_OFFSET_SQL  # noqa: S101 - one name, spelled twice
-
 
 def notify_receivable(*, topic_id: int, what: str) -> None:
     """Announces, at the commit of the caller's transaction, that something on the topic became
@@ -97,95 +82,103 @@ def notify_receivable(*, topic_id: int, what: str) -> None:
         )
 
 
-def next_queue_offset(*, topic_id: int, queue_id: int) -> int:
-    """The queue's next offset; the queue row stays locked until the caller's transaction ends."""
-    with connection.cursor() as cursor:
-        cursor.execute(NEXT_QUEUE_OFFSET_SQL, {"topic_id": topic_id, "queue_id": queue_id})
-        row = cursor.fetchone()
-    assert row is not None, "every topic has a counter row per queue"  # noqa: S101
-    return int(row[0])
+# The one commit-log append (send, commit, delayed delivery): two clauses every appending
+# statement is made of, here and in committing.py, composed of constants only; every value is
+# bound by the server.
+#
+# take_offsets: `n` offsets of one queue (the queue row `q` that `where` names, joined `from_`
+# another row if it needs one), handed out by an UPDATE that keeps the queue row locked until
+# the caller's transaction commits. Lock: without it two concurrent commits could make offset
+# N+1 visible before N, and a consumer that has read N+1 would skip N for ever (CONTRACT
+# invariant 5). Every message becomes receivable here, so this is also where it is announced:
+# the NOTIFY is part of the transaction, delivered to listeners when (and only if) it commits,
+# with no extra round trip; its payload, "topic queue first_offset n", is one per append
+# (Postgres does not fold them) and says how many arrived.
+GIVEN_QUEUE = "q.topic_id = %(topic_id)s AND q.queue_id = %(queue_id)s"
+
+
+def take_offsets(*, where: str = GIVEN_QUEUE, n: str = "%(n)s", from_: str = "") -> str:
+    return f"""
+    UPDATE broker_messagequeue q SET next_offset = q.next_offset + {n}{from_}
+    WHERE {where}
+    RETURNING q.next_offset - {n} AS first_offset,
+        pg_notify('{RECEIVABLE_CHANNEL}',
+            concat_ws(' ', q.topic_id, q.queue_id, q.next_offset - {n}, {n}))
+    """  # noqa: S608 - composed of constants only
+
+
+# append_entries: the commit-log rows of `messages`, a FROM item `m` with the columns msg_id,
+# queue_id, tags, keys, properties, body, body_is_binary, born_at, producer_group,
+# transaction_id, topic_id and i (1, 2, ...), stored at %(now)s in the queue of the `queue` CTE
+# (a take_offsets) from its first offset on, in the order of m.i.
+def append_entries(*, messages: str, returning: str) -> str:
+    return f"""
+    INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
+        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
+    SELECT m.msg_id, m.queue_id, m.tags, m.keys, m.properties, m.body, m.body_is_binary,
+        m.born_at, queue.first_offset + m.i - 1, m.producer_group, m.transaction_id, %(now)s,
+        m.topic_id
+    FROM queue, {messages}
+    ORDER BY m.i
+    RETURNING {returning}
+    """  # noqa: S608 - composed of constants only
+
+
+# Messages given as arrays, appended to one queue in one statement, in the order given.
+_GIVEN_MESSAGES = """(
+    SELECT u.msg_id, %(queue_id)s::smallint AS queue_id, u.tags, u.keys::jsonb AS keys,
+        u.properties::jsonb AS properties, u.body, u.body_is_binary, u.born_at,
+        u.producer_group, u.transaction_id, %(topic_id)s::bigint AS topic_id, u.i
+    FROM unnest(%(msg_ids)s::varchar[], %(tags)s::varchar[], %(keys)s::text[],
+        %(properties)s::text[], %(bodies)s::bytea[], %(binary)s::bool[],
+        %(born)s::timestamptz[], %(groups)s::varchar[], %(transactions)s::uuid[])
+        WITH ORDINALITY AS u(msg_id, tags, keys, properties, body, body_is_binary, born_at,
+            producer_group, transaction_id, i)
+) m"""
+APPEND_SQL = f"""
+WITH queue AS ({take_offsets()})
+{append_entries(messages=_GIVEN_MESSAGES, returning="msg_id, queue_offset")}
+"""
+
+
+@dataclass(frozen=True)
+class Appended:
+    """A message to append: its id and content, and when it was born (a delayed message moved
+    on keeps its birth and its transaction)."""
+
+    msg_id: str
+    message: OutgoingMessage
+    born_at: datetime
+    transaction_id: uuid.UUID | None = None
 
 
 def commit_log_append(
-    *,
-    topic: Topic,
-    queue_id: int,
-    msg_id: str,
-    message: OutgoingMessage,
-    born_at: datetime | None = None,
-    transaction_id: uuid.UUID | None = None,
-) -> CommitLogEntry:
-    """Must run inside the caller's transaction: the offset lock is released by its commit."""
-    now = timezone.now()
-    return CommitLogEntry.objects.create(
-        msg_id=msg_id,
-        topic=topic,
-        queue_id=queue_id,
-        queue_offset=next_queue_offset(topic_id=topic.pk, queue_id=queue_id),
-        producer_group=message.producer_group,
-        transaction_id=transaction_id,
-        **message.row_fields(),
-        born_at=born_at or now,
-        stored_at=now,
-    )
-
-
-# TAKE_OFFSETS_SQL takes `n` offsets of one queue (and announces them with one NOTIFY whose
-# payload ends with their number), as a CTE of APPEND_SQL and of a batch commit's statement.
-TAKE_OFFSETS_SQL = f"""
-    UPDATE broker_messagequeue SET next_offset = next_offset + %(n)s
-    WHERE topic_id = %(topic_id)s AND queue_id = %(queue_id)s
-    RETURNING next_offset - %(n)s AS first_offset,
-        pg_notify('{RECEIVABLE_CHANNEL}',
-            concat_ws(' ', topic_id, queue_id, next_offset - %(n)s, %(n)s))
-"""  # noqa: S608 - a constant
-
-# Appends messages to one queue in one statement: takes as many offsets as there are messages
-# (the queue row stays locked until the transaction ends: see NEXT_QUEUE_OFFSET_SQL), inserts them
-# in the order given, and announces them with one NOTIFY whose payload ends with their number.
-# Composed of constants only; every value is bound by the server.
-APPEND_SQL = f"""
-WITH queue AS ({TAKE_OFFSETS_SQL})
-INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
-    body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
-SELECT m.msg_id, %(queue_id)s, m.tags, m.keys::jsonb, m.properties::jsonb, m.body,
-    m.body_is_binary, %(now)s, queue.first_offset + m.i - 1, m.producer_group, NULL, %(now)s,
-    %(topic_id)s
-FROM queue, unnest(%(msg_ids)s::varchar[], %(tags)s::varchar[], %(keys)s::text[],
-    %(properties)s::text[], %(bodies)s::bytea[], %(binary)s::bool[], %(groups)s::varchar[])
-    WITH ORDINALITY AS m(msg_id, tags, keys, properties, body, body_is_binary, producer_group, i)
-RETURNING msg_id, queue_offset
-"""  # noqa: S608
-
-
-def _append_to_queue(
-    topic: Topic,
-    queue_id: int,
-    msg_ids: list[str],
-    messages: list[OutgoingMessage],
-    now: datetime,
+    *, topic_id: int, queue_id: int, entries: list[Appended], now: datetime
 ) -> list[int]:
-    """The queue offsets of `messages`, appended to one queue in this order."""
+    """The queue offsets of `entries`, appended to one queue in this order, stored at `now`.
+    Inside a caller's transaction, the queue row stays locked until it commits."""
     with connection.cursor() as cursor:
         cursor.execute(
             APPEND_SQL,
             {
-                "n": len(messages),
-                "topic_id": topic.pk,
+                "n": len(entries),
+                "topic_id": topic_id,
                 "queue_id": queue_id,
                 "now": now,
-                "msg_ids": msg_ids,
-                "tags": [m.tags for m in messages],
-                "keys": [json.dumps(m.keys) for m in messages],
-                "properties": [json.dumps(m.properties) for m in messages],
-                "bodies": [m.body for m in messages],
-                "binary": [m.body_is_binary for m in messages],
-                "groups": [m.producer_group for m in messages],
+                "msg_ids": [e.msg_id for e in entries],
+                "tags": [e.message.tags for e in entries],
+                "keys": [json.dumps(e.message.keys) for e in entries],
+                "properties": [json.dumps(e.message.properties) for e in entries],
+                "bodies": [e.message.body for e in entries],
+                "binary": [e.message.body_is_binary for e in entries],
+                "born": [e.born_at for e in entries],
+                "groups": [e.message.producer_group for e in entries],
+                "transactions": [e.transaction_id for e in entries],
             },
         )
         offsets = dict(cursor.fetchall())
-    assert len(offsets) == len(msg_ids), "every topic has a counter row per queue"  # noqa: S101
-    return [offsets[msg_id] for msg_id in msg_ids]
+    assert len(offsets) == len(entries), "every topic has a counter row per queue"  # noqa: S101
+    return [offsets[e.msg_id] for e in entries]
 
 
 @dataclass(frozen=True)
@@ -320,12 +313,11 @@ def message_send_batch(
                 sent[i] = Sent(msg_ids[i], topic, queues[i], None, deliver_at)
         for queue_id in sorted(visible):
             indexes = visible[queue_id]
-            offsets = _append_to_queue(
-                topic,
-                queue_id,
-                [msg_ids[i] for i in indexes],
-                [messages[i][0] for i in indexes],
-                now,
+            offsets = commit_log_append(
+                topic_id=topic.pk,
+                queue_id=queue_id,
+                entries=[Appended(msg_ids[i], messages[i][0], now) for i in indexes],
+                now=now,
             )
             for i, offset in zip(indexes, offsets, strict=True):
                 sent[i] = Sent(msg_ids[i], topic, queue_id, offset, now)

@@ -471,21 +471,7 @@ def _record(
     detail: dict[str, Any] | None = None,
     at: Any = None,
 ) -> OpRecord:
-    record = _op(half, op, actor, reason=reason, detail=detail, at=at)
-    record.save(force_insert=True)
-    return record
-
-
-def _op(
-    half: HalfMessage,
-    op: OpKind,
-    actor: Actor,
-    *,
-    reason: str = "",
-    detail: dict[str, Any] | None = None,
-    at: Any = None,
-) -> OpRecord:
-    return OpRecord(
+    record = OpRecord(
         half=half,
         op=op,
         source=actor.source,
@@ -494,3 +480,5 @@ def _op(
         detail=detail or {},
         at=at or timezone.now(),
     )
+    record.save(force_insert=True)
+    return record

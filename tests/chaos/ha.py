@@ -15,6 +15,7 @@ from typing import Any
 import requests
 
 from tests.chaos.cluster import ROOT, Cluster, wait_for
+from tests.support.ports import RESERVED
 
 NODES = (1, 2, 3)
 
@@ -27,7 +28,7 @@ def free_ports(count: int, taken: set[int]) -> list[int]:
         while len(sockets) < count:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] in taken:
+            if sock.getsockname()[1] in taken | RESERVED:
                 sock.close()
                 continue
             sockets.append(sock)

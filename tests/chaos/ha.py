@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import requests
 
 from tests.chaos.cluster import ROOT, Cluster, wait_for
@@ -138,6 +139,12 @@ class HACluster(Cluster):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+
+    def node_sql(self, node: int, query: str) -> list[tuple[Any, ...]]:
+        """`query` on one node, whatever its role."""
+        url = f"postgres://txhub@127.0.0.1:{self.pg_ports[node - 1]}/txhub?connect_timeout=2"
+        with psycopg.connect(url, autocommit=True) as conn:
+            return list(conn.execute(query).fetchall())
 
     def post(self, node: int, path: str, payload: dict[str, Any]) -> requests.Response:
         url = f"http://127.0.0.1:{self.rest_ports[node - 1]}{path}"

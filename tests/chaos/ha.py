@@ -39,6 +39,19 @@ def free_ports(count: int, taken: set[int]) -> list[int]:
             sock.close()
 
 
+def make_groups(api: str, headers: dict[str, str], name: str) -> None:
+    """A topic (two queues), a producer group with no check URL and a consumer group reading
+    from the first offset, all named `name`, through the REST API at `api`."""
+    created: list[tuple[str, dict[str, Any]]] = [
+        ("/topics", {"name": name, "queues": 2}),
+        ("/producer-groups", {"name": name}),
+        ("/consumer-groups", {"name": name, "consume_from": "first"}),
+    ]
+    for path, payload in created:
+        answer = requests.post(api + path, json=payload, headers=headers, timeout=30)
+        assert answer.status_code == 201, answer.text
+
+
 class HACluster(Cluster):
     def __init__(self, *, settings: dict[str, str], web_workers: int = 2) -> None:
         super().__init__(settings=settings, web_workers=web_workers, beats=2)

@@ -20,7 +20,7 @@ import requests
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 
 from tests.chaos.cluster import wait_for
-from tests.chaos.ha import HACluster
+from tests.chaos.ha import HACluster, make_groups
 from tests.chaos.run import CASES, SETTINGS, run_case
 from tests.support.grpc import Checker, message
 
@@ -50,15 +50,7 @@ def api(cluster: HACluster, path: str, payload: dict[str, Any], timeout: float =
 
 
 def setup(cluster: HACluster, name: str) -> None:
-    """A topic, a producer group without a check URL and a consumer group, all named `name`."""
-    created: list[tuple[str, dict[str, Any]]] = [
-        ("/topics", {"name": name, "queues": 2}),
-        ("/producer-groups", {"name": name}),
-        ("/consumer-groups", {"name": name, "consume_from": "first"}),
-    ]
-    for path, payload in created:
-        answer = api(cluster, path, payload)
-        assert answer.status_code == 201, answer.text
+    make_groups(f"{cluster.base}/api/v1", {"Authorization": f"Bearer {cluster.token}"}, name)
 
 
 def until_done(call: Callable[[], T], timeout: float = 60) -> T:

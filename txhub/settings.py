@@ -376,6 +376,9 @@ TXHUB_CHECK_INTERVAL = env_float("TXHUB_CHECK_INTERVAL", 30)  # transactionCheck
 TXHUB_CHECK_MAX = env_int("TXHUB_CHECK_MAX", 15)  # transactionCheckMax
 # Bounds a whole check call, connect to last byte (docs/decisions/0009).
 TXHUB_CHECK_HTTP_TIMEOUT = env_float("TXHUB_CHECK_HTTP_TIMEOUT", 3)
+# A claimed check's task must start within this (its wait in the callbacks queue), or the claim
+# runs out and the next scan claims the transaction again (docs/decisions/0049).
+TXHUB_CHECK_DISPATCH_LEASE = env_float("TXHUB_CHECK_DISPATCH_LEASE", 10)
 TXHUB_MAX_PENDING_AGE = env_float("TXHUB_MAX_PENDING_AGE", 72 * 3600)  # fileReservedTime
 TXHUB_MAX_DELAY = env_float("TXHUB_MAX_DELAY", 3 * 24 * 3600)  # timerMaxDelaySec
 # Unreachable callbacks back off from 1 s, doubling, up to this; they do not use the budget.

@@ -5,7 +5,7 @@ message is repaired by the next scan. No ETA lives in Redis: due times are in Po
 """
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
@@ -49,15 +49,17 @@ def warn_if_one_group_can_fill_the_callbacks(**_: Any) -> None:
 def checkback_scan() -> int:
     """Claims due transactions (a lease in Postgres) and hands each to checkback_run."""
     parked = checkback.checkback_park_stale()
-    claimed = checkback.checkback_claim_due()
-    for half_id in claimed:
-        checkback_run.delay(half_id)
+    claimed = checkback.checkback_claims()
+    for claim in claimed:
+        checkback_run.delay(claim.half_id, claim.until.isoformat())
     _did("checkback_scan", claimed=len(claimed), parked=parked)
     return len(claimed)
 
 
 # Not task_reject_on_worker_lost: a check that died mid-call is not redelivered by the broker;
 # its lease expires and the next scan claims it again, so a check is never run twice at once.
+# A task that never started (lost with Redis or its worker) holds only the claim's short lease;
+# one that starts after its claim ran out does nothing (docs/decisions/0049).
 # The call itself is bounded by TXHUB_CHECK_HTTP_TIMEOUT; the time limits are the backstop just
 # above it (the soft one raises in the task, the hard one replaces the pool process). Routed to
 # the "callbacks" queue (CELERY_TASK_ROUTES).
@@ -66,15 +68,19 @@ def checkback_scan() -> int:
     soft_time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 5,
     time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 10,
 )
-def checkback_run(half_id: int) -> str:
+def checkback_run(half_id: int, claimed_until: str) -> str:
     try:
+        claim = checkback.Claim(half_id, datetime.fromisoformat(claimed_until))
+        if not checkback.checkback_start(claim):
+            logger.info("check-back of half message %d: claim ran out before it started", half_id)
+            return "claim-ran-out"
         outcome = checkback.checkback_run(half_id=half_id)
         logger.info("check-back of half message %d: %s", half_id, outcome)
         return outcome
     finally:
         # The group's freed slot goes to its next due check now, not at the next scan.
-        for next_id in checkback.checkback_claim_next(after=half_id):
-            checkback_run.delay(next_id)
+        for claim in checkback.checkback_claims_next(after=half_id):
+            checkback_run.delay(claim.half_id, claim.until.isoformat())
 
 
 @shared_task(acks_late=True)

@@ -2,6 +2,7 @@
 section 4, invariants 2 and 7). The end-to-end runs with real Celery are in tests/e2e/."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -112,6 +113,33 @@ def test_a_finished_check_hands_its_slot_to_its_groups_next_due_check(
     assert following in {h.pk for h in backlog} - set(mine)
     assert checkback.checkback_claim_next(after=mine[0]) == []
     assert HalfMessage.objects.get(pk=following).checking_until is not None
+
+
+def test_a_check_task_that_starts_after_its_claim_ran_out_checks_nothing(
+    db: None, settings: Any
+) -> None:
+    """A check task lost with Redis holds only its claim's short lease, and a task that starts
+    after its claim ran out (or a second copy of one) must not check: another scan may have
+    claimed the transaction since (docs/decisions/0005, 0049)."""
+    settings.TXHUB_CHECK_DISPATCH_LEASE = 0.5
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    make_due(half)
+    [lost] = checkback.checkback_claims()
+    assert checkback.checkback_claims() == []  # the claim holds for its lease
+    time.sleep(0.6)
+    assert not checkback.checkback_start(lost)  # ran out: not started, even unclaimed
+    [again] = checkback.checkback_claims()  # due again once the claim ran out
+    assert again.half_id == half.pk
+    assert not checkback.checkback_start(lost)  # the first claim's task, started late
+    assert checkback.checkback_start(again)
+    assert not checkback.checkback_start(again)  # a claim starts once
+    started = HalfMessage.objects.get(pk=half.pk)
+    lease = settings.TXHUB_CHECK_HTTP_TIMEOUT + 30
+    assert started.checking_until is not None
+    assert started.checking_until >= again.until + timedelta(seconds=lease - 1)
+    time.sleep(0.6)
+    assert checkback.checkback_claims() == []  # the check's lease outlives the claim's
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,7 @@ class Cluster:
         self.beat: subprocess.Popen[bytes] | None = None
         self.beats = beats  # more than one: as on every machine of a cluster (decision 0044)
         self.more_beats: list[subprocess.Popen[bytes]] = []
+        self.grpc: subprocess.Popen[bytes] | None = None
         self.token = ""  # an admin token, once the database exists
 
     @property
@@ -273,8 +275,22 @@ class Cluster:
         self.web_start()
         self.celery_start()
 
+    def grpc_start(self) -> int:
+        """`manage.py grpcserver` on a free port (not started by start()); returns the port."""
+        port = free_port()
+        self.grpc = self._spawn(
+            str(BIN / "python"), "manage.py", "grpcserver", env={"TXHUB_GRPC_PORT": str(port)}
+        )
+
+        def listening() -> bool:
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(listening, 60, "the gRPC server")
+        return port
+
     def stop(self) -> None:
-        for process in [*self._celery_processes(), self.web]:
+        for process in [*self._celery_processes(), self.web, self.grpc]:
             if process is not None:
                 _killpg(process, signal.SIGTERM, wait=10)
         if getattr(self, "redis", None) is not None:

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import requests
 
 from tests.chaos.cluster import ROOT, Cluster, wait_for
+from tests.support.ports import RESERVED
 
 NODES = (1, 2, 3)
 
@@ -27,7 +29,7 @@ def free_ports(count: int, taken: set[int]) -> list[int]:
         while len(sockets) < count:
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] in taken:
+            if sock.getsockname()[1] in taken | RESERVED:
                 sock.close()
                 continue
             sockets.append(sock)
@@ -35,6 +37,19 @@ def free_ports(count: int, taken: set[int]) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def make_groups(api: str, headers: dict[str, str], name: str) -> None:
+    """A topic (two queues), a producer group with no check URL and a consumer group reading
+    from the first offset, all named `name`, through the REST API at `api`."""
+    created: list[tuple[str, dict[str, Any]]] = [
+        ("/topics", {"name": name, "queues": 2}),
+        ("/producer-groups", {"name": name}),
+        ("/consumer-groups", {"name": name, "consume_from": "first"}),
+    ]
+    for path, payload in created:
+        answer = requests.post(api + path, json=payload, headers=headers, timeout=30)
+        assert answer.status_code == 201, answer.text
 
 
 class HACluster(Cluster):
@@ -137,6 +152,12 @@ class HACluster(Cluster):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+
+    def node_sql(self, node: int, query: str) -> list[tuple[Any, ...]]:
+        """`query` on one node, whatever its role."""
+        url = f"postgres://txhub@127.0.0.1:{self.pg_ports[node - 1]}/txhub?connect_timeout=2"
+        with psycopg.connect(url, autocommit=True) as conn:
+            return list(conn.execute(query).fetchall())
 
     def post(self, node: int, path: str, payload: dict[str, Any]) -> requests.Response:
         url = f"http://127.0.0.1:{self.rest_ports[node - 1]}{path}"

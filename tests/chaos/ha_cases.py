@@ -3,11 +3,14 @@ happens to a machine of the cluster, to its store, to Redis. Each heals its faul
 cluster whole for the next case; what it saw goes to the case's notes, what it expected and did
 not see to its violations. Run on an HACluster only (tests/chaos/run.py picks it)."""
 
+import contextlib
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tests.chaos.ha import HACluster
+import requests
+
+from tests.chaos.ha import HACluster, make_groups
 
 if TYPE_CHECKING:
     from tests.chaos.run import Context
@@ -16,6 +19,12 @@ if TYPE_CHECKING:
 def _cluster(ctx: "Context") -> HACluster:
     assert isinstance(ctx.cluster, HACluster), "an HA case runs on an HACluster"
     return ctx.cluster
+
+
+def _api(ctx: "Context", path: str, payload: dict[str, Any]) -> requests.Response:
+    return requests.post(
+        ctx.workload.api + path, json=payload, headers=ctx.workload.headers, timeout=10
+    )
 
 
 def _primary(cluster: HACluster) -> int:
@@ -134,24 +143,39 @@ def etcd_stopped(ctx: "Context") -> None:
 
 def redis_master_killed(ctx: "Context") -> None:
     """F19: the Redis master SIGKILLed; the Sentinels promote the replica, and check-backs (sent
-    through Celery, so through Redis) go on. A check whose task a worker had taken but not
-    started when its connection died waits out its lease (TXHUB_CHECK_HTTP_TIMEOUT + 30 s) and
-    holds one of its group's in-flight slots meanwhile (decision 0043): that lease, plus the
-    Sentinels' 3 s and the workers' reconnect, bounds the wait."""
+    through Celery, so through Redis) go on within 30 s. A check whose task a worker had taken
+    but not started when its connection died holds its group's in-flight slot only until its
+    claim runs out (TXHUB_CHECK_DISPATCH_LEASE, decision 0049). A delayed message due a second
+    after the kill is delivered within 30 s too."""
     cluster = _cluster(ctx)
+    delayed = f"{ctx.workload.topic}-delayed"  # a topic of its own: the checker's stays as sent
+    make_groups(ctx.workload.api, ctx.workload.headers, delayed)
     master = cluster.redis_master()
     killed = time.monotonic()
     cluster.kill_redis(master)
+    # Due 1 s after the kill (delay level 1): moved into the commit log only by the delivery
+    # scan, which beat triggers through Redis.
+    due = {"producer_group": delayed, "body": "due", "delay_level": 1}
+    sent = _api(ctx, f"/topics/{delayed}/messages", due)
+    assert sent.status_code == 201, sent.text
     promoted = cluster.wait_redis_master(other_than=master, timeout=30)
     ctx.notes.append(
         f"Redis :{master} killed; :{promoted} master {time.monotonic() - killed:.1f} s"
     )
     checks = ctx.endpoint.checks
-    limit = float(cluster.env["TXHUB_CHECK_HTTP_TIMEOUT"]) + 30 + 10
+    limit = 30.0
     while ctx.endpoint.checks == checks and time.monotonic() < killed + limit:
         time.sleep(0.2)
     if ctx.endpoint.checks == checks:
         ctx.violations.append(f"no check-back within {limit:.0f} s of the Redis master's death")
     else:
         ctx.notes.append(f"check-backs again {time.monotonic() - killed:.1f} s after the kill")
+    receive = {"topic": delayed, "wait_seconds": 2}
+    while time.monotonic() < killed + limit:
+        with contextlib.suppress(requests.RequestException):
+            if _api(ctx, f"/consumer-groups/{delayed}/receive", receive).json()["messages"]:
+                ctx.notes.append(f"delayed delivery {time.monotonic() - killed:.1f} s after it")
+                break
+    else:
+        ctx.violations.append(f"the delayed message not delivered within {limit:.0f} s")
     cluster.ha("start-redis")  # the old master comes back; the Sentinels make it a replica

@@ -9,7 +9,8 @@ The HTTP call itself (URL policy, signing, the bounded call) is callbacks.py; a 
 producer's gRPC stream is checkback_stream.py; what either writes of an attempt is check_ops.py.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -58,34 +59,75 @@ WHERE id IN (
     ORDER BY h.next_check_at LIMIT %(batch)s
     FOR UPDATE OF h SKIP LOCKED
 )
-RETURNING id
+RETURNING id, checking_until
+"""
+
+# The task's start turns the claim's short lease into the check's lease, only if the claim is
+# still the row's own (its lease's end is the fencing token) and has not run out.
+START_SQL = """
+UPDATE broker_halfmessage
+SET checking_until = statement_timestamp() + make_interval(secs => %(lease)s),
+    next_check_at = statement_timestamp() + make_interval(secs => %(lease)s)
+WHERE id = %(id)s AND checking_until = %(claimed_until)s
+  AND checking_until > statement_timestamp()
 """
 
 
-def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
+class Claim(NamedTuple):
+    """A claimed transaction and the end of its claim's lease, which only that claim holds."""
+
+    half_id: int
+    until: datetime
+
+
+def checkback_claims(*, producer_group_id: int | None = None) -> list[Claim]:
     """Claims due PREPARED transactions for checking, at most N in flight per producer group
     (only that group's with `producer_group_id`).
 
     Lock, SKIP LOCKED: two scans (or a scan racing a commit) never claim the same row; a row being
     resolved right now is skipped and, once resolved, is no longer PREPARED. The claim moves
-    next_check_at to the lease's end, so a check whose worker died is due again after the lease.
+    next_check_at to the lease's end, so a check whose task never started (lost with Redis or
+    its worker) is due again after TXHUB_CHECK_DISPATCH_LEASE (docs/decisions/0049); the task,
+    when it starts, takes the check's own lease with checkback_start.
     """
     # The database clock throughout (apps/broker/clock.py): a worker's own clock never decides.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             CLAIM_SQL,
             {
-                "lease": settings.TXHUB_CHECK_HTTP_TIMEOUT + 30,
+                "lease": settings.TXHUB_CHECK_DISPATCH_LEASE,
                 "window": settings.TXHUB_CHECK_BATCH * 4,
                 "batch": settings.TXHUB_CHECK_BATCH,
                 "per_group": settings.TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP,
                 "group": producer_group_id,
             },
         )
-        return [row[0] for row in cursor.fetchall()]
+        return [Claim(*row) for row in cursor.fetchall()]
 
 
-def checkback_claim_next(*, after: int) -> list[int]:
+def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
+    """checkback_claims, the ids only."""
+    return [claim.half_id for claim in checkback_claims(producer_group_id=producer_group_id)]
+
+
+def checkback_start(claim: Claim) -> bool:
+    """The claim's task starts: True, and the row holds the check's lease (the call's bound plus
+    a margin), when the claim is still its own and alive. False when it ran out before the task
+    started (the row is due again, or another scan claimed it since): the task must not check,
+    so one transaction is never checked twice at once (docs/decisions/0005, 0049)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            START_SQL,
+            {
+                "lease": settings.TXHUB_CHECK_HTTP_TIMEOUT + 30,
+                "id": claim.half_id,
+                "claimed_until": claim.until,
+            },
+        )
+        return bool(cursor.rowcount == 1)
+
+
+def checkback_claims_next(*, after: int) -> list[Claim]:
     """The group's next due checks, claimed when one of its checks ends (`after`, a half id).
 
     Without this a group's checks advance only once per scan: at most the per-group cap per
@@ -94,8 +136,13 @@ def checkback_claim_next(*, after: int) -> list[int]:
     slot is refilled at once instead; the cap and the lease are the scan's."""
     group = HalfMessage.objects.filter(pk=after).values_list("producer_group_id", flat=True)
     for producer_group_id in group:
-        return checkback_claim_due(producer_group_id=producer_group_id)
+        return checkback_claims(producer_group_id=producer_group_id)
     return []
+
+
+def checkback_claim_next(*, after: int) -> list[int]:
+    """checkback_claims_next, the ids only."""
+    return [claim.half_id for claim in checkback_claims_next(after=after)]
 
 
 def checkback_park_stale() -> int:

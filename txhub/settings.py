@@ -47,12 +47,10 @@ def env_list(name: str, default: str) -> list[str]:
 DEBUG = env_bool("TXHUB_DEBUG", False)
 
 # --- Secret key -------------------------------------------------------------------------------
-# Production sets TXHUB_SECRET_KEY. The local set-up (scripts/services.sh, so `make run` and
-# `make test`) writes a random key to var/secret-key once (mode 0600) and every process of this
-# checkout reads it from there, tests' gunicorn/Celery subprocesses included. A key read from
-# that file is flagged by `check --deploy` (txhub.W001), so a production host that forgot
-# TXHUB_SECRET_KEY but happens to run from a checkout does not pass silently. With neither, and
-# TXHUB_DEBUG off, txhub refuses to start: the public default would let anyone forge sessions.
+# Production sets TXHUB_SECRET_KEY. scripts/services.sh writes a random one to var/secret-key
+# (0600) for every process of a local checkout; `check --deploy` flags a key read from there
+# (txhub.W001). With neither, and TXHUB_DEBUG off, txhub refuses to start: the public default
+# would let anyone forge sessions.
 PUBLIC_DEVELOPMENT_SECRET_KEY = "txhub-local-development-only-not-a-secret"  # noqa: S105
 SECRET_KEY_FILE = Path(env_str("TXHUB_SECRET_KEY_FILE", str(BASE_DIR / "var" / "secret-key")))
 SECRET_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key

@@ -18,7 +18,7 @@ each recognised by the API's own message:
 A case whose body is not in fact schema-valid (Schemathesis's stateful phase fills bodies from
 earlier answers, e.g. an error envelope into a PATCH body) is not a positive case either.
 
-Used by tests/test_schemathesis_cli.py, and by hand:
+Used by tests/test_fuzz_api.py, and by hand:
 `SCHEMATHESIS_HOOKS=tests.schemathesis_hooks schemathesis run ... --checks all`."""
 
 from typing import Any

@@ -79,7 +79,7 @@ def test_a_batch_that_starts_with_a_delayed_message_is_stored(
     api: APIClient, setup_topic: Any
 ) -> None:
     """A delayed first message on another queue than the batch's visible ones (a KeyError once,
-    found by Schemathesis: tests/test_schemathesis_cli.py)."""
+    found by Schemathesis: tests/test_fuzz_api.py)."""
     setup_topic(queues=16)
     for _ in range(8):  # the two land on different queues 15 times in 16
         answer = send_batch(api, [{"body": "later", "delay_level": 3}, {"body": "now"}])

@@ -2,7 +2,7 @@
 error answer, fields that are present only sometimes (exactly one of body / body_base64), and
 every limit an input field checks (apps/broker/limits.py; docs/decisions/0045).
 
-Precise on purpose: the fuzz tests (tests/test_fuzz_api.py, tests/test_schemathesis_cli.py)
+Precise on purpose: the fuzz tests (tests/test_fuzz_api.py)
 check every answer against it, and that the API takes every request it describes."""
 
 from typing import Any

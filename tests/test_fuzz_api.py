@@ -135,6 +135,7 @@ def test_the_api_survives_fuzzing_with_a_produce_consume_token(server: Server) -
     fuzz(server, server.token("produce:order-service", "consume:billing"))
 
 
+@pytest.mark.slow
 def test_the_api_takes_what_its_schema_allows_and_refuses_the_rest(
     server: Server, tmp_path: Path
 ) -> None:

@@ -3,10 +3,22 @@ gunicorn and sends, for every operation, valid and invalid requests generated fr
 once with an admin token and once with a produce/consume token. No answer may be a 5xx, and
 every answer must be what the schema documents (status code, content type, body shape).
 
+And Schemathesis's own command line with every check (`--checks all`, issue 26): the API must
+also take every request its schema allows (positive_data_acceptance) and refuse every request it
+does not (negative_data_rejection). So the schema states each limit the API enforces
+(apps/broker/limits.py; docs/decisions/0045); tests/schemathesis_hooks.py sets aside only the
+rules no schema can state. It runs in a directory of its own, so no cache of an earlier run
+(.schemathesis/) changes what it sends.
+
 Bounded for the suite's budget: a fixed seed, a fixed number of examples per operation, no
 shrinking (a failure is reported with the request that caused it)."""
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,11 +35,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.conftest import Server
+from tests.conftest import ROOT, Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXAMPLES = 20
+CLI_SEED = 20261125
+CLI_EXAMPLES = 5
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -119,3 +133,41 @@ def test_the_api_survives_fuzzing_with_an_admin_token(server: Server) -> None:
 def test_the_api_survives_fuzzing_with_a_produce_consume_token(server: Server) -> None:
     _prepare(server)
     fuzz(server, server.token("produce:order-service", "consume:billing"))
+
+
+@pytest.mark.slow
+def test_the_api_takes_what_its_schema_allows_and_refuses_the_rest(
+    server: Server, tmp_path: Path
+) -> None:
+    headers = _prepare(server)
+    report = tmp_path / "schemathesis.txt"
+    command = [
+        str(Path(sys.executable).parent / "schemathesis"),
+        "run",
+        server.url("/api/schema/"),
+        "--checks",
+        "all",
+        "--seed",
+        str(CLI_SEED),
+        "--max-examples",
+        str(CLI_EXAMPLES),
+        "--workers",
+        "1",
+        "--no-color",
+        "--header",
+        f"Authorization: {headers['Authorization']}",
+    ]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks",
+        "PYTHONPATH": str(ROOT),
+    }
+    with report.open("w") as out:
+        finished = subprocess.run(  # noqa: S603 - our own command line
+            command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600
+        )
+    text = report.read_text()
+    assert finished.returncode == 0, text[-20000:]
+    tested = re.search(r"Tested: (\d+)", text)
+    assert tested is not None, text[-5000:]
+    assert int(tested.group(1)) >= 25

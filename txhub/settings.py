@@ -289,6 +289,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12: propertyNames (decision 0045)
 }
 
 # Celery: Redis carries only triggers; Postgres is the source of truth.

@@ -1,5 +1,8 @@
-"""RocketMQ's message limits (CONTRACT section 3), as pure functions used by the API's input
-serializers, so every limit is checked before anything is stored."""
+"""Every limit the doors enforce (CONTRACT section 3; RocketMQ's own), defined once: the numbers,
+the patterns the OpenAPI schema states, and pure functions that check them. The REST serializers,
+the lean door (through them), the gRPC door and the console all read them from here, so every
+limit is checked before anything is stored and the schema says what is checked
+(docs/decisions/0045)."""
 
 import re
 from urllib.parse import urlsplit
@@ -13,12 +16,36 @@ NAME_RE = re.compile(NAME_PATTERN)
 # ("01" + 32 hex) through the gRPC door; any ASCII letters and digits that fit the column are
 # looked up (and not found), anything else is not a URL.
 MSG_ID_PATTERN = r"[0-9A-Za-z]{1,64}"
+MSG_ID_RE = re.compile(MSG_ID_PATTERN)
 # A row id in a URL: at most 18 digits, so it always fits Postgres bigint (2^63 - 1).
 ROW_ID_PATTERN = r"[0-9]{1,18}"
 RESERVED_PREFIXES = ("rmq_sys_", "txhub_")
+MAX_NAME_CHARS = 127
 MAX_TAG_CHARS = 128
 # An operator's or producer's reason for a resolution, kept in the op record.
 MAX_REASON_CHARS = 2000
+# A token's name and scopes.
+MAX_SCOPES = 100
+# A producer group's check URL (the column's width).
+MAX_URL_CHARS = 2048
+# Topics and groups.
+MIN_QUEUES, MAX_QUEUES, DEFAULT_QUEUES = 1, 256, 4
+MIN_DELIVERY_ATTEMPTS, MAX_DELIVERY_ATTEMPTS, DEFAULT_DELIVERY_ATTEMPTS = 1, 1000, 16
+MAX_BOUND_TOPICS = 1000
+# A message's check immunity: at most 72 h, RocketMQ's fileReservedTime.
+MAX_CHECK_IMMUNITY_SECONDS = 259200
+# Messages (or transactions) in one batch, over REST and gRPC alike.
+MAX_BATCH_MESSAGES = 64
+# Receive: messages per call, invisible time and (REST) long-poll wait, in seconds.
+MAX_RECEIVE_MESSAGES, DEFAULT_RECEIVE_MESSAGES = 32, 16
+MIN_INVISIBLE_SECONDS, MAX_INVISIBLE_SECONDS, DEFAULT_INVISIBLE_SECONDS = 10, 43200, 60
+MAX_WAIT_SECONDS = 20
+MAX_TAG_EXPRESSION_CHARS = 4096
+# Ack: receipt handles per call, and the longest handle looked at.
+MAX_ACK_HANDLES = 1000
+MAX_RECEIPT_HANDLE_CHARS = 200
+# Pages of a list.
+MAX_PAGE_SIZE, DEFAULT_PAGE_SIZE = 500, 50
 
 # The largest integer any API or console field takes: fits integer columns, timedelta and
 # Postgres bigint arithmetic (68 years in seconds), so no number can overflow downstream.
@@ -26,6 +53,46 @@ MAX_INT = 2**31 - 1
 # Characters Postgres text/jsonb cannot hold (NUL) or psycopg cannot encode (a lone surrogate,
 # which JSON's "\ud800" escape decodes to): refused in every string that reaches the database.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+# Patterns the OpenAPI schema states (JSON Schema's ECMA-262 regexes, which Python's `re` reads
+# the same way; anchored, as JSON Schema does not anchor). Whitespace is spelled out as the
+# characters str.isspace() and str.strip() take, not `\s`, whose meaning differs between the two.
+WHITESPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Any string: no NUL (check_text; lone surrogates cannot be written in a regex, JSON Schema or not).
+TEXT_SCHEMA_PATTERN = r"^[^\u0000]*$"
+# A key: not blank.
+KEY_SCHEMA_PATTERN = rf"^[^\u0000]*[^\u0000{WHITESPACE}][^\u0000]*$"
+# A tag (check_tag): not blank, no '|' (its length: MAX_TAG_CHARS).
+TAG_SCHEMA_PATTERN = rf"^[^|\u0000]*[^|\u0000{WHITESPACE}][^|\u0000]*$"
+_TAG_CHAR = rf"[^|\u0000{WHITESPACE}]"
+_TAG_IN_EXPRESSION = rf"{_TAG_CHAR}(?:[^|\u0000]{{0,{MAX_TAG_CHARS - 2}}}{_TAG_CHAR})?"
+# A tag expression (parse_tag_expression): blank, `*`, or tags separated by `||`.
+TAG_EXPRESSION_SCHEMA_PATTERN = (
+    rf"^[{WHITESPACE}]*(?:{_TAG_IN_EXPRESSION}[{WHITESPACE}]*"
+    rf"(?:\|\|[{WHITESPACE}]*{_TAG_IN_EXPRESSION}[{WHITESPACE}]*)*)?$"
+)
+# A name (check_name) that does not start with a reserved prefix, in any case.
+RESERVED_SCHEMA_PATTERN = r"^(?:[Rr][Mm][Qq]_[Ss][Yy][Ss]_|[Tt][Xx][Hh][Uu][Bb]_)"
+SCOPE_PATTERN = rf"admin|(?:produce|consume):{NAME_PATTERN}"
+SCOPE_RE = re.compile(SCOPE_PATTERN)
+# Standard base64 with its padding (what base64.b64decode(validate=True) takes), at least 1 byte.
+BASE64_SCHEMA_PATTERN = (
+    r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$"
+)
+# An Idempotency-Key: printable ASCII without spaces, like Stripe's.
+IDEMPOTENCY_KEY_PATTERN = r"[\x21-\x7e]{1,255}"
+IDEMPOTENCY_KEY_RE = re.compile(IDEMPOTENCY_KEY_PATTERN)
+# A check URL, as far as a pattern can say it: the schema states this subset of what Django's
+# URLValidator and check_url accept (http(s), a DNS name with a letters-only top-level label or
+# an IPv4 address, a port 1..65535, any path without whitespace). Whether the host resolves to an
+# allowed address is known only when it is looked up (services/callbacks.callback_url_check).
+_IPV4_PART = r"(?:0|25[0-5]|2[0-4][0-9]|1[0-9]?[0-9]?|[1-9][0-9]?)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_PORT = r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+CHECK_URL_SCHEMA_PATTERN = (
+    rf"^https?://(?:{_IPV4_PART}(?:\.{_IPV4_PART}){{3}}|localhost|(?:{_LABEL}\.){{1,2}}[A-Za-z]{{2,63}})"
+    rf"(?::{_PORT})?(?:[/?#][^\u0000{WHITESPACE}]*)?$"
+)
 
 # RocketMQ's messageDelayLevel, in seconds: 1s 5s 10s 30s 1m 2m ... 10m 20m 30m 1h 2h.
 DELAY_LEVEL_SECONDS = (
@@ -48,6 +115,9 @@ DELAY_LEVEL_SECONDS = (
     3600,
     7200,
 )
+
+
+MAX_DELAY_LEVEL = len(DELAY_LEVEL_SECONDS)
 
 
 class LimitError(ValueError):
@@ -126,10 +196,7 @@ def parse_tag_expression(expression: str) -> frozenset[str] | None:
 
 
 def check_scope(value: str) -> str:
-    if value == "admin":
-        return value
-    kind, _, group = value.partition(":")
-    if kind not in {"produce", "consume"} or not NAME_RE.fullmatch(group):
+    if not SCOPE_RE.fullmatch(value):
         raise LimitError("A scope is 'admin', 'produce:<producer group>' or 'consume:<group>'.")
     return value
 
@@ -152,3 +219,17 @@ def check_url(value: str) -> str:
     except UnicodeError:
         raise LimitError("The check URL's host name is not a valid domain name.") from None
     return value
+
+
+def check_msg_id(value: str) -> str:
+    """A message id a producer chose (the gRPC door): MSG_ID_PATTERN."""
+    if not MSG_ID_RE.fullmatch(value):
+        raise LimitError("A message id is 1-64 ASCII letters and digits.")
+    return value
+
+
+def check_count(count: int, *, most: int, what: str) -> int:
+    """1..`most` items in one call (a batch, an ack)."""
+    if not 1 <= count <= most:
+        raise LimitError(f"Send 1 to {most} {what} per request.")
+    return count

@@ -19,8 +19,8 @@ class TransactionFilterForm(forms.Form):
     state = forms.ChoiceField(
         choices=[("", "any state"), *TransactionState.choices], required=False
     )
-    producer_group = forms.CharField(required=False, max_length=127)
-    topic = forms.CharField(required=False, max_length=127)
+    producer_group = forms.CharField(required=False, max_length=limits.MAX_NAME_CHARS)
+    topic = forms.CharField(required=False, max_length=limits.MAX_NAME_CHARS)
     # Bounded like the API's (limits.MAX_INT): a 20-digit number is a form error, not an overflow.
     older_than_seconds = forms.IntegerField(
         required=False, min_value=0, max_value=limits.MAX_INT, label="older than (s)"
@@ -65,13 +65,17 @@ def _limit(check: Callable[..., str], **kwargs: Any) -> Callable[[str], None]:
 class NameField(forms.CharField):
     def __init__(self, what: str, **kwargs: Any) -> None:
         super().__init__(
-            max_length=127, validators=[_limit(limits.check_name, what=what)], **kwargs
+            max_length=limits.MAX_NAME_CHARS,
+            validators=[_limit(limits.check_name, what=what)],
+            **kwargs,
         )
 
 
 class TopicForm(forms.Form):
     name = NameField("name")
-    queues = forms.IntegerField(min_value=1, max_value=256, initial=4)
+    queues = forms.IntegerField(
+        min_value=limits.MIN_QUEUES, max_value=limits.MAX_QUEUES, initial=limits.DEFAULT_QUEUES
+    )
 
 
 class CheckUrlField(forms.URLField):
@@ -79,7 +83,7 @@ class CheckUrlField(forms.URLField):
 
     def __init__(self, *, required: bool = True) -> None:
         super().__init__(
-            max_length=2048,
+            max_length=limits.MAX_URL_CHARS,
             assume_scheme="https",
             validators=[_limit(limits.check_url)],
             required=required,
@@ -98,12 +102,18 @@ class CheckUrlForm(forms.Form):
 
 class ConsumerGroupForm(forms.Form):
     name = NameField("name")
-    max_delivery_attempts = forms.IntegerField(min_value=1, max_value=1000, initial=16)
+    max_delivery_attempts = forms.IntegerField(
+        min_value=limits.MIN_DELIVERY_ATTEMPTS,
+        max_value=limits.MAX_DELIVERY_ATTEMPTS,
+        initial=limits.DEFAULT_DELIVERY_ATTEMPTS,
+    )
     consume_from = forms.ChoiceField(choices=ConsumeFrom.choices, initial=ConsumeFrom.FIRST)
 
 
 class ConsumerGroupEditForm(forms.Form):
-    max_delivery_attempts = forms.IntegerField(min_value=1, max_value=1000)
+    max_delivery_attempts = forms.IntegerField(
+        min_value=limits.MIN_DELIVERY_ATTEMPTS, max_value=limits.MAX_DELIVERY_ATTEMPTS
+    )
 
 
 class TopicBindingsForm(forms.Form):
@@ -123,7 +133,7 @@ class TopicBindingsForm(forms.Form):
 
 
 class TokenForm(forms.Form):
-    name = forms.CharField(max_length=127)
+    name = forms.CharField(max_length=limits.MAX_NAME_CHARS)
     scopes = forms.CharField(
         max_length=4000,
         help_text="Space or comma separated: admin, produce:<producer group>, consume:<group>.",

@@ -75,6 +75,21 @@ def test_a_batch_send_stores_every_message_in_order_with_its_fields(
     assert {m["msg_id"] for m in expect(received, 200)["messages"]} == set(stored)
 
 
+def test_a_batch_that_starts_with_a_delayed_message_is_stored(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """A delayed first message on another queue than the batch's visible ones (a KeyError once,
+    found by Schemathesis: tests/test_fuzz_api.py)."""
+    setup_topic(queues=16)
+    for _ in range(8):  # the two land on different queues 15 times in 16
+        answer = send_batch(api, [{"body": "later", "delay_level": 3}, {"body": "now"}])
+        results = expect(answer, 201)["results"]
+        assert results[0]["queue_offset"] is None
+        assert results[1]["queue_offset"] is not None
+    assert DelayedMessage.objects.count() == 8
+    assert CommitLogEntry.objects.count() == 8
+
+
 def test_one_bad_message_refuses_the_whole_batch_and_names_it(
     api: APIClient, setup_topic: Any
 ) -> None:

@@ -39,7 +39,12 @@ class SendBatchView(APIView):
         operation_id="v1_topics_messages_batch_create",
         request=inputs.SendBatchIn,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: _results("SendBatchOut", output.SendOut), 413: None, **ERRORS},
+        responses={
+            201: _results("SendBatchOut", output.SendOut),
+            409: None,
+            413: None,
+            **ERRORS,
+        },
     )
     def post(self, request: Request, topic: str) -> Response:
         precheck_large_body(request, "produce")
@@ -75,7 +80,12 @@ class PrepareBatchView(APIView):
         operation_id="v1_transactions_batch_create",
         request=inputs.PrepareBatchIn,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: _results("PrepareBatchOut", output.PreparedOut), 413: None, **ERRORS},
+        responses={
+            201: _results("PrepareBatchOut", output.PreparedOut),
+            409: None,
+            413: None,
+            **ERRORS,
+        },
     )
     def post(self, request: Request) -> Response:
         precheck_large_body(request, "produce")

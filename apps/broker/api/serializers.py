@@ -11,110 +11,22 @@ from itertools import islice
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import URLValidator
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.broker import limits
+from apps.broker.api.fields import (
+    NameField,
+    QueryIntegerField,
+    StrictCharField,
+    StrictDictField,
+    StrictIntegerField,
+    StrictListField,
+    StrictUUIDField,
+    UrlField,
+)
 from apps.broker.api.parsers import PayloadTooLarge
 from apps.broker.models import ConsumeFrom, TransactionState
-from apps.broker.services.registry import MAX_BOUND_TOPICS
 from apps.broker.services.sending import OutgoingMessage
-
-
-def _strict_text(value: str) -> str:
-    try:
-        return limits.check_text(value)
-    except limits.LimitError as error:
-        raise serializers.ValidationError(str(error)) from None
-
-
-class StrictCharField(serializers.CharField):
-    """A JSON string only (DRF's CharField would turn 12 into "12"); never a character Postgres
-    cannot store (NUL, a lone surrogate): limits.check_text, the one check for every string."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(_strict_text(data)))
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer only: no "4", no 4.5, no true; never above limits.MAX_INT."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("max_value", limits.MAX_INT)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return int(super().to_internal_value(data))
-
-
-class StrictListField(serializers.ListField):
-    """A JSON list, its length checked before any element (OWASP API4: a 1,000,000-element list
-    costs nothing to refuse), and refused at its first bad element (DRF's ListField validates
-    every element and reports each one)."""
-
-    def __init__(self, *, max_length: int, **kwargs: Any) -> None:
-        super().__init__(max_length=max_length, **kwargs)
-
-    def to_internal_value(self, data: Any) -> list[Any]:
-        if not isinstance(data, list):
-            self.fail("not_a_list", input_type=type(data).__name__)
-        if not self.allow_empty and not data:
-            self.fail("empty")
-        if self.max_length is not None and len(data) > self.max_length:
-            self.fail("max_length", max_length=self.max_length)
-        result = []
-        for index, item in enumerate(data):
-            try:
-                result.append(self.child.run_validation(item))
-            except serializers.ValidationError as error:
-                raise serializers.ValidationError({str(index): error.detail}) from None
-        return result
-
-
-class StrictDictField(serializers.DictField):
-    """A JSON object of strings: its size checked first, every key through the same string check
-    as every value (DRF's DictField checks values only), refused at the first bad entry."""
-
-    def __init__(self, *, max_size: int, **kwargs: Any) -> None:
-        self.max_size = max_size
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            self.fail("not_a_dict", input_type=type(data).__name__)
-        if len(data) > self.max_size:
-            raise serializers.ValidationError(f"At most {self.max_size} entries are accepted.")
-        result = {}
-        for key, value in data.items():
-            try:
-                limits.check_text(key)
-            except limits.LimitError as error:
-                raise serializers.ValidationError(f"A name: {error}") from None
-            try:
-                result[key] = self.child.run_validation(value)
-            except serializers.ValidationError as error:
-                raise serializers.ValidationError({key: error.detail}) from None
-        return result
-
-
-class UrlField(StrictCharField):
-    """A URL txhub can call: Django's URLValidator and limits.check_url (port, host)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_length=2048, **kwargs)
-        self.validators.append(URLValidator(schemes=["http", "https"]))
-
-    def to_internal_value(self, data: Any) -> str:
-        value = super().to_internal_value(data)
-        try:
-            return limits.check_url(value)
-        except limits.LimitError as error:
-            raise serializers.ValidationError(str(error)) from None
 
 
 class StrictSerializer(serializers.Serializer[Any]):
@@ -132,39 +44,58 @@ class StrictSerializer(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
 
-@extend_schema_field(
-    {"type": "string", "pattern": f"^{limits.NAME_PATTERN}$", "minLength": 1, "maxLength": 127}
-)
-class NameField(StrictCharField):
-    def __init__(self, what: str, **kwargs: Any) -> None:
-        self.what = what
-        super().__init__(trim_whitespace=False, **kwargs)
-
-    def to_internal_value(self, data: Any) -> str:
-        value = super().to_internal_value(data)
-        try:
-            return limits.check_name(value, what=self.what)
-        except limits.LimitError as error:
-            raise serializers.ValidationError(str(error)) from None
-
-
 def _text(**kwargs: Any) -> StrictCharField:
     return StrictCharField(trim_whitespace=False, **kwargs)
 
 
+# The schema's bounds of a body: a string of more characters than the body may have bytes is
+# always too large (413); the byte count itself is checked in validate() (limits.check_body_size).
+_BODY_CHARS = settings.TXHUB_MAX_BODY_BYTES
+_BODY_BASE64_CHARS = 4 * -(-settings.TXHUB_MAX_BODY_BYTES // 3)
+
+
 class MessageIn(StrictSerializer):
+    # What validate() checks across fields, stated in the schema: exactly one of the two bodies,
+    # at most one of the two delays.
+    schema_rules: dict[str, Any] = {
+        "oneOf": [{"required": ["body"]}, {"required": ["body_base64"]}],
+        "not": {"required": ["delay_level", "deliver_at"]},
+    }
     producer_group = NameField("producer_group")
-    body = _text(required=False, allow_blank=True)
-    body_base64 = _text(required=False, allow_blank=True)
-    tags = _text(required=False, allow_null=True, allow_blank=True)
+    body = _text(
+        required=False, allow_blank=True, schema={"minLength": 1, "maxLength": _BODY_CHARS}
+    )
+    body_base64 = _text(
+        required=False,
+        allow_blank=True,
+        pattern=limits.BASE64_SCHEMA_PATTERN,
+        schema={"maxLength": _BODY_BASE64_CHARS},
+    )
+    tags = _text(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        pattern=limits.TAG_SCHEMA_PATTERN,
+        schema={"maxLength": limits.MAX_TAG_CHARS},
+    )
     # Field-level caps: what could ever fit in TXHUB_MAX_META_BYTES (each entry takes at least
     # one byte); the contract's own limits (128 properties, 16 KiB) are checked in validate().
-    keys = StrictListField(child=_text(), required=False, max_length=settings.TXHUB_MAX_META_BYTES)
-    properties = StrictDictField(
-        child=_text(allow_blank=True), required=False, max_size=settings.TXHUB_MAX_META_BYTES
+    keys = StrictListField(
+        child=_text(pattern=limits.KEY_SCHEMA_PATTERN),
+        required=False,
+        max_length=settings.TXHUB_MAX_META_BYTES,
     )
-    delay_level = StrictIntegerField(required=False, min_value=1, max_value=18)
-    deliver_at = _text(required=False)
+    properties = StrictDictField(
+        child=_text(allow_blank=True),
+        required=False,
+        max_size=settings.TXHUB_MAX_META_BYTES,
+        schema={
+            "maxProperties": settings.TXHUB_MAX_PROPERTIES,
+            "propertyNames": {"minLength": 1, "pattern": limits.TEXT_SCHEMA_PATTERN},
+        },
+    )
+    delay_level = StrictIntegerField(required=False, min_value=1, max_value=limits.MAX_DELAY_LEVEL)
+    deliver_at = _text(required=False, pattern=None, schema={"format": "date-time"})
 
     def validate_deliver_at(self, value: str) -> datetime:
         try:
@@ -239,12 +170,12 @@ def _decode_body(attrs: dict[str, Any]) -> bytes:
 
 class TransactionIn(MessageIn):
     topic = NameField("topic")
-    check_immunity_seconds = StrictIntegerField(required=False, min_value=0, max_value=259200)
+    check_immunity_seconds = StrictIntegerField(
+        required=False, min_value=0, max_value=limits.MAX_CHECK_IMMUNITY_SECONDS
+    )
 
 
 # Batches (CONTRACT: batch endpoints) ------------------------------------------------------------
-
-MAX_BATCH_MESSAGES = 64
 
 
 class BatchMessageIn(MessageIn):
@@ -259,16 +190,9 @@ class BatchMessageIn(MessageIn):
 class BatchTransactionIn(BatchMessageIn):
     """One half message of a batch prepare: the batch names the group and the topic once."""
 
-    check_immunity_seconds = StrictIntegerField(required=False, min_value=0, max_value=259200)
-
-
-class StrictUUIDField(serializers.UUIDField):
-    """A UUID written as a JSON string (DRF's UUIDField would also take an integer)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, str):
-            self.fail("invalid", value="(not a string)")
-        return super().to_internal_value(_strict_text(data))
+    check_immunity_seconds = StrictIntegerField(
+        required=False, min_value=0, max_value=limits.MAX_CHECK_IMMUNITY_SECONDS
+    )
 
 
 def _batch_size_checked(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +213,7 @@ def _batch_size_checked(attrs: dict[str, Any]) -> dict[str, Any]:
 class SendBatchIn(StrictSerializer):
     producer_group = NameField("producer_group")
     messages = StrictListField(
-        child=BatchMessageIn(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+        child=BatchMessageIn(), max_length=limits.MAX_BATCH_MESSAGES, allow_empty=False
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -300,7 +224,7 @@ class PrepareBatchIn(StrictSerializer):
     producer_group = NameField("producer_group")
     topic = NameField("topic")
     messages = StrictListField(
-        child=BatchTransactionIn(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+        child=BatchTransactionIn(), max_length=limits.MAX_BATCH_MESSAGES, allow_empty=False
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +233,10 @@ class PrepareBatchIn(StrictSerializer):
 
 class ResolveBatchIn(StrictSerializer):
     transaction_ids = StrictListField(
-        child=StrictUUIDField(), max_length=MAX_BATCH_MESSAGES, allow_empty=False
+        child=StrictUUIDField(),
+        max_length=limits.MAX_BATCH_MESSAGES,
+        allow_empty=False,
+        schema={"uniqueItems": True},
     )
     reason = _text(required=False, allow_blank=True, max_length=limits.MAX_REASON_CHARS)
 
@@ -325,7 +252,12 @@ class ReasonIn(StrictSerializer):
 
 class TopicIn(StrictSerializer):
     name = NameField("name")
-    queues = StrictIntegerField(required=False, default=4, min_value=1, max_value=256)
+    queues = StrictIntegerField(
+        required=False,
+        default=limits.DEFAULT_QUEUES,
+        min_value=limits.MIN_QUEUES,
+        max_value=limits.MAX_QUEUES,
+    )
 
 
 class ProducerGroupIn(StrictSerializer):
@@ -341,7 +273,10 @@ class ProducerGroupPatchIn(StrictSerializer):
 class ConsumerGroupIn(StrictSerializer):
     name = NameField("name")
     max_delivery_attempts = StrictIntegerField(
-        required=False, default=16, min_value=1, max_value=1000
+        required=False,
+        default=limits.DEFAULT_DELIVERY_ATTEMPTS,
+        min_value=limits.MIN_DELIVERY_ATTEMPTS,
+        max_value=limits.MAX_DELIVERY_ATTEMPTS,
     )
     consume_from = serializers.ChoiceField(
         choices=ConsumeFrom.choices, required=False, default=ConsumeFrom.FIRST
@@ -351,7 +286,7 @@ class ConsumerGroupIn(StrictSerializer):
 class TopicBindingsIn(StrictSerializer):
     """PUT .../topics: the whole list of topics a group may use; [] unbinds (any topic)."""
 
-    MAX_TOPICS = MAX_BOUND_TOPICS
+    MAX_TOPICS = limits.MAX_BOUND_TOPICS
     topics = serializers.ListField(child=NameField("topic"), max_length=MAX_TOPICS)
 
     def to_internal_value(self, data: Any) -> Any:
@@ -365,8 +300,12 @@ class TopicBindingsIn(StrictSerializer):
 
 
 class TokenIn(StrictSerializer):
-    name = _text(max_length=127)
-    scopes = StrictListField(child=_text(), allow_empty=False, max_length=100)
+    name = _text(max_length=limits.MAX_NAME_CHARS)
+    scopes = StrictListField(
+        child=_text(pattern=f"^(?:{limits.SCOPE_PATTERN})$"),
+        allow_empty=False,
+        max_length=limits.MAX_SCOPES,
+    )
 
     def validate_scopes(self, value: list[str]) -> list[str]:
         try:
@@ -377,12 +316,27 @@ class TokenIn(StrictSerializer):
 
 class ReceiveIn(StrictSerializer):
     topic = NameField("topic")
-    max_messages = StrictIntegerField(required=False, default=16, min_value=1, max_value=32)
-    invisible_seconds = StrictIntegerField(
-        required=False, default=60, min_value=10, max_value=43200
+    max_messages = StrictIntegerField(
+        required=False,
+        default=limits.DEFAULT_RECEIVE_MESSAGES,
+        min_value=1,
+        max_value=limits.MAX_RECEIVE_MESSAGES,
     )
-    wait_seconds = StrictIntegerField(required=False, default=0, min_value=0, max_value=20)
-    tag_expression = _text(required=False, default="*", max_length=4096)
+    invisible_seconds = StrictIntegerField(
+        required=False,
+        default=limits.DEFAULT_INVISIBLE_SECONDS,
+        min_value=limits.MIN_INVISIBLE_SECONDS,
+        max_value=limits.MAX_INVISIBLE_SECONDS,
+    )
+    wait_seconds = StrictIntegerField(
+        required=False, default=0, min_value=0, max_value=limits.MAX_WAIT_SECONDS
+    )
+    tag_expression = _text(
+        required=False,
+        default="*",
+        max_length=limits.MAX_TAG_EXPRESSION_CHARS,
+        pattern=limits.TAG_EXPRESSION_SCHEMA_PATTERN,
+    )
 
     def validate_tag_expression(self, value: str) -> frozenset[str] | None:
         try:
@@ -393,34 +347,22 @@ class ReceiveIn(StrictSerializer):
 
 class AckIn(StrictSerializer):
     receipt_handles = StrictListField(
-        child=_text(max_length=200), allow_empty=False, max_length=1000
+        child=_text(max_length=limits.MAX_RECEIPT_HANDLE_CHARS),
+        allow_empty=False,
+        max_length=limits.MAX_ACK_HANDLES,
     )
 
 
 class ChangeInvisibleIn(StrictSerializer):
-    receipt_handle = _text(max_length=200)
-    invisible_seconds = StrictIntegerField(min_value=10, max_value=43200)
-
-
-class QueryIntegerField(serializers.IntegerField):
-    """A query-string integer: ASCII digits only (int() also takes "１" and "1_000"), at most
-    limits.MAX_INT, so a 20-digit value is a 400 and not an overflow in a query."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("max_value", limits.MAX_INT)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data: Any) -> int:
-        if not isinstance(data, str) or not data.isascii() or not data.isdigit():
-            self.fail("invalid")
-        if len(data) > 12:
-            self.fail("max_value", max_value=self.max_value)
-        return int(super().to_internal_value(data))
+    receipt_handle = _text(max_length=limits.MAX_RECEIPT_HANDLE_CHARS)
+    invisible_seconds = StrictIntegerField(
+        min_value=limits.MIN_INVISIBLE_SECONDS, max_value=limits.MAX_INVISIBLE_SECONDS
+    )
 
 
 class PageIn(StrictSerializer):
     page = QueryIntegerField(required=False, min_value=1)
-    page_size = QueryIntegerField(required=False, min_value=1, max_value=500)
+    page_size = QueryIntegerField(required=False, min_value=1, max_value=limits.MAX_PAGE_SIZE)
 
 
 class TransactionListIn(StrictSerializer):
@@ -428,4 +370,4 @@ class TransactionListIn(StrictSerializer):
     state = serializers.ChoiceField(choices=TransactionState.choices, required=False)
     older_than_seconds = QueryIntegerField(required=False, min_value=0)
     page = QueryIntegerField(required=False, min_value=1)
-    page_size = QueryIntegerField(required=False, min_value=1, max_value=500)
+    page_size = QueryIntegerField(required=False, min_value=1, max_value=limits.MAX_PAGE_SIZE)

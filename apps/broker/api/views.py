@@ -20,7 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.broker import access, selectors, waiting
+from apps.broker import access, limits, selectors, waiting
 from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
@@ -128,9 +128,18 @@ def stored_once(
 
 
 class Pagination(PageNumberPagination):
-    page_size = 50
+    page_size = limits.DEFAULT_PAGE_SIZE
     page_size_query_param = "page_size"
-    max_page_size = 500
+    max_page_size = limits.MAX_PAGE_SIZE
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        # PageIn's bounds, stated (DRF's own parameters say only "integer").
+        bounds = {"page": (1, limits.MAX_INT), "page_size": (1, limits.MAX_PAGE_SIZE)}
+        parameters: list[dict[str, Any]] = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            low, high = bounds[parameter["name"]]
+            parameter["schema"] = {**parameter["schema"], "minimum": low, "maximum": high}
+        return parameters
 
     def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
         # DRF quietly takes page=&page_size=false as the defaults, and any unknown parameter
@@ -158,6 +167,7 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     location=OpenApiParameter.HEADER,
     required=False,
     type=str,
+    pattern=f"^{limits.IDEMPOTENCY_KEY_PATTERN}$",
     description="A retry with the same key and the same request within 24 h answers the first "
     "answer (with `Idempotent-Replayed: true`) and stores nothing; the same key with another "
     "request is 409. 1-255 printable ASCII characters.",
@@ -168,7 +178,7 @@ class TopicMessagesView(APIView):
     @extend_schema(
         request=inputs.MessageIn,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: output.SendOut, 413: None, **ERRORS},
+        responses={201: output.SendOut, 409: None, 413: None, **ERRORS},
     )
     def post(self, request: Request, topic: str) -> Response:
         precheck_large_body(request, "produce")
@@ -200,7 +210,7 @@ class TransactionListView(APIView):
     @extend_schema(
         request=inputs.TransactionIn,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: output.PreparedOut, **ERRORS},
+        responses={201: output.PreparedOut, 409: None, **ERRORS},
     )
     def post(self, request: Request) -> Response:
         precheck_large_body(request, "produce")

@@ -35,9 +35,6 @@ from apps.broker.grpc.resources import (
 from apps.broker.services import consuming, dead_letters
 from apps.broker.services.errors import BrokerError
 
-# The REST door's bounds (CONTRACT section 3): receive batch and invisible time.
-MAX_BATCH = 32
-MIN_INVISIBLE, MAX_INVISIBLE, DEFAULT_INVISIBLE = 10, 43200, 60
 # A nack's retry delay may be shorter than a receive's minimum; below 1 s it waits 1 s (the Node
 # client 1.0.8 nacks with 0 s when the server's backoff is a customized one, which it ignores).
 MIN_RETRY_DELAY = 1
@@ -66,15 +63,17 @@ class ConsumerRpcs:
         try:
             caller = await authenticate(context)
             group, topic, tags = await db(_receive_target, caller, request)
-            invisible: float = DEFAULT_INVISIBLE
+            invisible: float = limits.DEFAULT_INVISIBLE_SECONDS
             if request.HasField("invisible_duration"):
                 invisible = duration_seconds(request.invisible_duration)
-                if not MIN_INVISIBLE <= invisible <= MAX_INVISIBLE:
+                low, high = limits.MIN_INVISIBLE_SECONDS, limits.MAX_INVISIBLE_SECONDS
+                if not low <= invisible <= high:
                     raise Refusal(
                         Code.ILLEGAL_INVISIBLE_TIME,
-                        f"The invisible duration must be {MIN_INVISIBLE}..{MAX_INVISIBLE} s.",
+                        f"The invisible duration must be {low}..{high} s.",
                     )
-            batch = max(1, min(request.batch_size or MAX_BATCH, MAX_BATCH))
+            most = limits.MAX_RECEIVE_MESSAGES  # the REST door's bounds (CONTRACT section 3)
+            batch = max(1, min(request.batch_size or most, most))
             wait = 0.0
             if request.HasField("long_polling_timeout"):
                 wait = min(
@@ -134,8 +133,10 @@ class ConsumerRpcs:
     async def AckMessage(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
         group = await db(consumer_group_of, caller, request.group.name)
-        if not 1 <= len(request.entries) <= 1000:
-            raise Refusal(Code.BAD_REQUEST, "Ack 1 to 1000 messages per request.")
+        if not 1 <= len(request.entries) <= limits.MAX_ACK_HANDLES:
+            raise Refusal(
+                Code.BAD_REQUEST, f"Ack 1 to {limits.MAX_ACK_HANDLES} messages per request."
+            )
         handles = [entry.receipt_handle for entry in request.entries]
         acked, _ = await db(consuming.message_ack, group=group, receipt_handles=handles)
         done = set(acked)
@@ -165,9 +166,10 @@ class ConsumerRpcs:
         caller = await authenticate(context)
         group = await db(consumer_group_of, caller, request.group.name)
         seconds = duration_seconds(request.invisible_duration)
-        if not 0 <= seconds <= MAX_INVISIBLE:
+        if not 0 <= seconds <= limits.MAX_INVISIBLE_SECONDS:
             raise Refusal(
-                Code.ILLEGAL_INVISIBLE_TIME, f"The invisible duration must be 0..{MAX_INVISIBLE} s."
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"The invisible duration must be 0..{limits.MAX_INVISIBLE_SECONDS} s.",
             )
         try:
             received = await db(

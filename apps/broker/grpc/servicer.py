@@ -122,8 +122,12 @@ class MessagingService(
     async def SendMessage(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
         group = caller.principal.only_group("produce")
-        if not 1 <= len(request.messages) <= 64:
-            raise Refusal(Code.BAD_REQUEST, "Send 1 to 64 messages per request.")
+        try:
+            limits.check_count(
+                len(request.messages), most=limits.MAX_BATCH_MESSAGES, what="messages"
+            )
+        except limits.LimitError as error:
+            raise Refusal(Code.BAD_REQUEST, str(error)) from None
         entries = []
         for message in request.messages:
             try:
@@ -153,8 +157,10 @@ class MessagingService(
             raise Refusal(Code.UNSUPPORTED, "Compressed (GZIP) bodies are not supported.")
         outgoing = self._outgoing(group, message)
         msg_id = system.message_id
-        if not msg_id or len(msg_id) > 64 or not msg_id.isascii() or not msg_id.isalnum():
-            raise Refusal(Code.ILLEGAL_MESSAGE_ID, "A message id is 1-64 ASCII letters and digits.")
+        try:
+            limits.check_msg_id(msg_id)
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_MESSAGE_ID, str(error)) from None
         is_transaction = system.message_type == pb.TRANSACTION
         deliver_at: datetime | None = None
         if system.HasField("delivery_timestamp"):

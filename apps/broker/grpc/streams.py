@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.broker import wakeups
+from apps.broker import limits, wakeups
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import Code, Refusal, duration, pb, refusal_of, rpc, status
@@ -70,9 +70,9 @@ class Stream:
 # Streams held by this process: client id -> its stream.
 OPEN: dict[str, Stream] = {}
 
-# What the server announces (the numbers; RocketMQ's proxy defaults).
-MAX_BODY_BYTES = 4 * 1024 * 1024
-RECEIVE_BATCH = 32
+# What the server announces: the limits it enforces (apps/broker/limits.py, settings).
+MAX_BODY_BYTES = settings.TXHUB_MAX_BODY_BYTES
+RECEIVE_BATCH = limits.MAX_RECEIVE_MESSAGES
 PRODUCER_ATTEMPTS = 3
 
 

@@ -5,7 +5,6 @@ and "remembered" cannot part (docs/decisions/0016)."""
 
 import hashlib
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,13 +14,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from apps.broker import failpoints
+from apps.broker import failpoints, limits
 from apps.broker.clock import db_now
 from apps.broker.models import IdempotencyKey, ProducerGroup
 from apps.broker.services.errors import Conflict, invalid
 
 HEADER = "Idempotency-Key"
-KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII without spaces, like Stripe's
 
 INSERT_SQL = """
 INSERT INTO broker_idempotencykey
@@ -65,7 +63,7 @@ def key_of(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def key_check(value: str) -> str:
-    if not KEY_RE.fullmatch(value):
+    if not limits.IDEMPOTENCY_KEY_RE.fullmatch(value):
         raise invalid(HEADER, f"{HEADER} is 1 to 255 printable ASCII characters, no spaces.")
     return value
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.broker import config_cache
+from apps.broker import config_cache, limits
 from apps.broker.models import (
     ApiToken,
     AuditAction,
@@ -126,7 +126,6 @@ def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerG
     return ConsumerGroup.objects.get(name=name)
 
 
-MAX_BOUND_TOPICS = 1000
 # Shown in an error at most: an error body stays small however long the list was.
 MISSING_SHOWN = 10
 
@@ -141,8 +140,10 @@ def _bind_topics(
     group or topic does not exist, changes nothing."""
     what = "Producer" if model is ProducerGroup else "Consumer"
     wanted = set(topics)
-    if len(wanted) > MAX_BOUND_TOPICS:
-        raise invalid("topics", f"At most {MAX_BOUND_TOPICS} topics can be bound to a group.")
+    if len(wanted) > limits.MAX_BOUND_TOPICS:
+        raise invalid(
+            "topics", f"At most {limits.MAX_BOUND_TOPICS} topics can be bound to a group."
+        )
     # Lock: two concurrent replacements would interleave their deletes and inserts and leave the
     # union of both lists; with the group's row locked the last one wins whole.
     group = model.objects.select_for_update().filter(name=name).first()

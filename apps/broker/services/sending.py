@@ -297,7 +297,7 @@ def message_send_batch(
     # One statement, and so one transaction, when nothing is delayed and one queue is touched.
     # (Inside a caller's transaction, a savepoint all the same: a duplicate msg_id, answered by
     # message_send's retry, must not abort the caller's transaction.)
-    single = len(visible) == 1 and len(visible[queues[0]]) == len(messages)
+    single = len(visible) == 1 and sum(map(len, visible.values())) == len(messages)
     alone = single and not connection.in_atomic_block
     with contextlib.nullcontext() if alone else transaction.atomic():
         for i, (message, deliver_at) in enumerate(messages):

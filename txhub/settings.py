@@ -205,12 +205,9 @@ STATIC_ROOT = os.environ.get("TXHUB_STATIC_ROOT") or None  # collectstatic targe
 WHITENOISE_USE_FINDERS = True  # serve app static files (admin, swagger UI) without collectstatic
 
 # --- Login throttling (docs/decisions/0012) -----------------------------------------------------
-# django-axes counts failed console and admin logins in Postgres (its AccessAttempt table, shared
-# by every web process). After TXHUB_LOGIN_FAILURE_LIMIT failures for one username from one
-# address, that pair is refused (429, even with the right password) for
-# TXHUB_LOGIN_COOLOFF_SECONDS; other users and other addresses are not. Behind a proxy every
-# client has the proxy's address, so the lock is in effect per username. `manage.py axes_reset`
-# lifts every lock at once.
+# django-axes counts failed console and admin logins in Postgres, shared by every web process:
+# after TXHUB_LOGIN_FAILURE_LIMIT failures for one username from one address, that pair is
+# refused (429) for TXHUB_LOGIN_COOLOFF_SECONDS. `manage.py axes_reset` lifts every lock.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login before the check
     "django.contrib.auth.backends.ModelBackend",
@@ -229,7 +226,7 @@ LOGIN_REDIRECT_URL = "/console/"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 
 # --- Cache and API rate limits (docs/decisions/0011) --------------------------------------------
-# One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2 and 4). Short
+# One Redis cache shared by every web process (db 3: Celery uses 0; the tests 1, 2, 4 and up). Short
 # socket timeouts: when Redis is away the throttle fails open after at most ~0.25 s, not 30 s.
 TXHUB_CACHE_URL = env_str("TXHUB_CACHE_URL", f"redis://127.0.0.1:{TXHUB_REDIS_PORT}/3")
 # Redis behind Sentinels ("host:port,..."; decision 0043): Celery and the cache ask them for it.

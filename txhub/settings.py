@@ -165,13 +165,15 @@ DATABASES = {
 }
 # Django's PostgreSQL backend whose pool drops all dead idle connections at once after a restart.
 DATABASES["default"]["ENGINE"] = "txhub.postgres"
+# A receive waits for its WAL flush only on a replicated cluster (a multi-host URL), where a
+# primary that lost its lock must not answer one (decisions 0025, 0050).
+TXHUB_RECEIVE_SYNCHRONOUS_COMMIT = env_bool(
+    "TXHUB_RECEIVE_SYNCHRONOUS_COMMIT", "," in str(DATABASES["default"]["HOST"])
+)
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
-# Statements a connection has run this many times are prepared on it (psycopg's auto-prepare):
-# Postgres then skips parsing and planning the hot paths' statements. Django leaves it off by
-# default so that transaction-pooling proxies work; ours are direct connections from psycopg's
-# pool. Set it to "" behind a proxy that cannot keep prepared statements (old PgBouncer).
-# (docs/decisions/0027)
+# Statements a connection has run this many times are prepared on it (psycopg's auto-prepare;
+# docs/decisions/0027). "" behind a proxy that cannot keep prepared statements (old PgBouncer).
 _prepare_threshold = env_str("TXHUB_DB_PREPARE_THRESHOLD", "5")
 DATABASES["default"]["OPTIONS"]["prepare_threshold"] = (
     int(_prepare_threshold) if _prepare_threshold else None

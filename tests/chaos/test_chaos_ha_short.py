@@ -148,13 +148,22 @@ def walsenders(cluster: HACluster, node: int) -> list[int]:
 
 @pytest.mark.timeout(300)
 def test_a_receive_undone_by_a_failover_comes_back_and_nothing_is_lost(ha: HACluster) -> None:
-    """A receive commits without waiting for a standby (synchronous_commit = off, decision
-    0025). Forced: the primary's WAL senders are stopped, so nothing after the send reaches a
-    standby; the receive is answered, an ack after it is not (it waits for a standby), and the
-    primary's machine dies. On the promoted standby the receive never happened: the message is
-    received again at once, long before its invisible time, as its first delivery, and the first
-    receive's handle acks nothing (at-least-once, never lost; decision 0042)."""
+    """With TXHUB_RECEIVE_SYNCHRONOUS_COMMIT off (the single node's default; a cluster's is on,
+    decision 0050) a receive commits without waiting for a standby (decision 0025). Forced: the
+    primary's WAL senders are stopped, so nothing after the send reaches a standby; the receive
+    is answered, an ack after it is not (it waits for a standby), and the primary's machine
+    dies. On the promoted standby the receive never happened: the message is received again at
+    once, long before its invisible time, as its first delivery, and the first receive's handle
+    acks nothing (at-least-once, never lost; decision 0042)."""
     ha.wait_healthy(timeout=120)
+    ha.web_restart(TXHUB_RECEIVE_SYNCHRONOUS_COMMIT="0")
+    try:
+        _undo_a_receive(ha)
+    finally:
+        ha.web_restart()  # the cluster's own settings for whatever runs after
+
+
+def _undo_a_receive(ha: HACluster) -> None:
     setup(ha, "ha-undo")
     sent = api(ha, "/topics/ha-undo/messages", {"producer_group": "ha-undo", "body": "once"})
     assert sent.status_code == 201, sent.text  # on two nodes (synchronous replication)

@@ -21,24 +21,29 @@ def _wait_for_a_standby(cluster: Any, name: str) -> None:
     time.sleep(0.5)  # every backend has read it
 
 
-def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: Any) -> None:
-    cluster = private_cluster
-    token = cluster.manage("create_token", "sync-rep", "--scope", "admin").split()[0]
+def _one_message_sent(cluster: Any, name: str) -> tuple[str, dict[str, str]]:
+    """A topic `name` with one message for the consumer group `name`-c; (api, headers)."""
+    token = cluster.manage("create_token", name, "--scope", "admin").split()[0]
     headers = {"Authorization": f"Bearer {token}"}
     api = f"{cluster.base}/api/v1"
+    for path, payload in [
+        ("/topics", {"name": name, "queues": 1}),
+        ("/producer-groups", {"name": f"{name}-p", "check_url": "http://127.0.0.1:9/c"}),
+        ("/consumer-groups", {"name": f"{name}-c"}),
+    ]:
+        assert requests.post(api + path, json=payload, headers=headers, timeout=10).ok
+    sent = {"producer_group": f"{name}-p", "body": "one"}
+    first = requests.post(f"{api}/topics/{name}/messages", json=sent, headers=headers, timeout=10)
+    assert first.ok, first.text
+    return api, headers
+
+
+def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: Any) -> None:
+    cluster = private_cluster
     cluster.web_start()
     try:
-        for path, payload in [
-            ("/topics", {"name": "sync-rep", "queues": 1}),
-            ("/producer-groups", {"name": "sync-rep-p", "check_url": "http://127.0.0.1:9/c"}),
-            ("/consumer-groups", {"name": "sync-rep-c"}),
-        ]:
-            assert requests.post(api + path, json=payload, headers=headers, timeout=10).ok
+        api, headers = _one_message_sent(cluster, "sync-rep")
         sent = {"producer_group": "sync-rep-p", "body": "one"}
-        first = requests.post(
-            f"{api}/topics/sync-rep/messages", json=sent, headers=headers, timeout=10
-        )
-        assert first.ok, first.text
 
         _wait_for_a_standby(cluster, "a_standby_that_never_comes")
         with pytest.raises(requests.Timeout):  # a send waits for the standby
@@ -59,6 +64,30 @@ def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: A
             requests.post(
                 f"{api}/consumer-groups/sync-rep-c/ack",
                 json={"receipt_handles": [message["receipt_handle"]]},
+                headers=headers,
+                timeout=1.5,
+            )
+    finally:
+        _wait_for_a_standby(cluster, "")  # the waiting commits return
+        os.killpg(cluster.web.pid, 9)
+        cluster.web.wait()
+        cluster.web = None
+
+
+def test_on_a_cluster_a_receive_waits_for_a_standby_too(private_cluster: Any) -> None:
+    """TXHUB_RECEIVE_SYNCHRONOUS_COMMIT (on by default for a multi-host URL; decision 0050): a
+    receive is answered only once a standby has it, so a primary that lost its lock and wakes
+    up cannot hand out a message. The test above, on the same server, is its positive control."""
+    cluster = private_cluster
+    cluster.web_start(TXHUB_RECEIVE_SYNCHRONOUS_COMMIT="1")
+    try:
+        api, headers = _one_message_sent(cluster, "sync-recv")
+        receive = {"topic": "sync-recv", "max_messages": 1, "invisible_seconds": 10}
+        _wait_for_a_standby(cluster, "a_standby_that_never_comes")
+        with pytest.raises(requests.Timeout):  # the receive waits for the standby
+            requests.post(
+                f"{api}/consumer-groups/sync-recv-c/receive",
+                json=receive,
                 headers=headers,
                 timeout=1.5,
             )

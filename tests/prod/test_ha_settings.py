@@ -31,12 +31,19 @@ print(json.dumps({
     "broker": settings.CELERY_BROKER_URL, "transport": settings.CELERY_BROKER_TRANSPORT,
     "broker_options": getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}),
     "cache": settings.CACHES["default"]["OPTIONS"],
+    "receive_sync": settings.TXHUB_RECEIVE_SYNCHRONOUS_COMMIT,
 }))
 """
 
 
 def settings_with(**env: str) -> dict[str, Any]:
-    names = ("DATABASE_URL", "TXHUB_REDIS_SENTINELS", "TXHUB_HA_ENV_FILE", "CELERY_BROKER_URL")
+    names = (
+        "DATABASE_URL",
+        "TXHUB_REDIS_SENTINELS",
+        "TXHUB_HA_ENV_FILE",
+        "CELERY_BROKER_URL",
+        "TXHUB_RECEIVE_SYNCHRONOUS_COMMIT",
+    )
     base = {k: v for k, v in os.environ.items() if k not in names}
     done = subprocess.run(
         [sys.executable, "-c", SHOW],
@@ -60,6 +67,8 @@ def test_a_multi_host_url_gives_libpq_its_host_and_port_lists() -> None:
     # The LISTEN connection finds the primary too: NOTIFY is sent there.
     assert "target_session_attrs=read-write" in found["listen"]
     assert "port=54331,54332,54333" in found["listen"]
+    # A receive waits for a standby too: an old primary must not answer one (decision 0050).
+    assert found["receive_sync"] is True
     assert "keepalives_idle=5" in found["listen"]
     assert "connect_timeout=2" in found["listen"]
     # The nightly job gets the same hosts (it reads a standby through JDBC by itself).
@@ -77,6 +86,7 @@ def test_a_single_host_url_is_read_as_before() -> None:
     assert found["job"] == "postgresql://txhub@127.0.0.1:54329/txhub"
     assert found["transport"] == "txhub.broker_transport:Transport"
     assert "pool_class" not in found["cache"]
+    assert found["receive_sync"] is False  # one Postgres: decision 0025
 
 
 def test_the_ha_env_file_is_read_and_the_environment_wins(tmp_path: Path) -> None:
@@ -104,3 +114,10 @@ def test_sentinels_with_a_plain_broker_url_refuse_to_start() -> None:
     with pytest.raises(subprocess.CalledProcessError) as refused:
         settings_with(TXHUB_REDIS_SENTINELS="127.0.0.1:26381", CELERY_BROKER_URL="redis://x:1/0")
     assert "unset CELERY_BROKER_URL" in refused.value.stderr
+
+
+def test_receives_may_be_told_to_wait_for_their_flush_on_one_host_too() -> None:
+    found = settings_with(
+        DATABASE_URL="postgres://txhub@127.0.0.1:54329/txhub", TXHUB_RECEIVE_SYNCHRONOUS_COMMIT="1"
+    )
+    assert found["receive_sync"] is True

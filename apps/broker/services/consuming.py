@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -116,11 +117,14 @@ def _receive_locked(
     tags: frozenset[str] | None,
     place: Receivable,
 ) -> list[Received]:
-    # A receive's commit does not wait for its WAL flush (docs/decisions/0025): if Postgres
-    # crashes before the flush, the receive is undone and the message is delivered again, as
-    # at-least-once allows. An ack can never outlive its receive: WAL is flushed in order.
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
+    # On one Postgres a receive's commit does not wait for its WAL flush (docs/decisions/0025):
+    # if Postgres crashes before the flush, the receive is undone and the message is delivered
+    # again, as at-least-once allows. An ack can never outlive its receive: WAL is flushed in
+    # order. On a replicated cluster it waits like every write: an old primary woken after a
+    # failover must not hand out a message the new one has seen acked (decision 0050).
+    if not settings.TXHUB_RECEIVE_SYNCHRONOUS_COMMIT:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
     now = timezone.now()
     invisible_until = now + timedelta(seconds=invisible_seconds)
     received: list[Received] = []

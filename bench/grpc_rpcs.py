@@ -27,12 +27,16 @@ from rocketmq.v5.util.signature import Signature
 HOT = ("SendMessage", "ReceiveMessage", "AckMessage", "EndTransaction", "Heartbeat")
 
 
+# A client id is its token's (docs/decisions/0034): each run its own.
+CLIENT_ID = f"bench-grpc-rpcs-{uuid.uuid4().hex[:12]}"
+
+
 def _metadata(keys: dict[str, str]) -> list[tuple[str, str]]:
     date_time = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = Signature.sign(keys["secret_key"], date_time)
     return [
         ("x-mq-date-time", date_time),
-        ("x-mq-client-id", "bench-grpc-rpcs"),
+        ("x-mq-client-id", CLIENT_ID),
         ("x-mq-language", "PYTHON"),
         (
             "authorization",

@@ -1,6 +1,6 @@
 """What authenticating one call costs each door, in process (no server, no HTTP): the REST and
 lean doors' `BearerTokenAuthentication.authenticate` (on the lean door's request) and the gRPC
-door's signed-caller check with its rate-limit count (`grpc.resources._counted_caller`), against
+door's signed-caller check with its rate-limit count (`grpc.resources.counted_caller`), against
 the Postgres and Redis of the current settings (`make run`'s or your TXHUB_PG_PORT's and
 TXHUB_CACHE_URL's). Both read the token through the access module (docs/decisions/0046).
 
@@ -32,7 +32,7 @@ from django.utils.datastructures import CaseInsensitiveMapping  # noqa: E402
 
 from apps.broker.api.auth import BearerTokenAuthentication  # noqa: E402
 from apps.broker.api.lean import LeanRequest  # noqa: E402
-from apps.broker.grpc.resources import _counted_caller  # noqa: E402
+from apps.broker.grpc.resources import counted_caller  # noqa: E402
 from apps.broker.services import credentials, registry  # noqa: E402
 
 
@@ -58,7 +58,7 @@ def doors() -> dict[str, Callable[[], object]]:
     def grpc() -> object:
         date_time = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         signature = credentials.signature_of(secret_key=keys["secret_key"], date_time=date_time)
-        return _counted_caller(
+        return counted_caller(
             {
                 "authorization": f"MQv2-HMAC-SHA1 Credential={keys['access_key']}, "
                 f"SignedHeaders=x-mq-date-time, Signature={signature}",

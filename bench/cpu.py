@@ -1,4 +1,4 @@
-"""Server CPU of one txhub run, per part (web / Postgres / Celery), that cannot go negative.
+"""Server CPU of one txhub run, per part (web / Postgres / Celery / gRPC), that cannot go negative.
 
 Each part is the processes whose working directory is this checkout (run.sh `cd`s there; other
 checkouts' servers on the same machine are left out) or, for Postgres, the cluster's data
@@ -22,6 +22,8 @@ WEB = re.compile(r"gunicorn|uvicorn|daphne|hypercorn|granian|txhub\.(a|w)sgi")
 # Servers only: a `celery inspect ping` (run.sh's start-up check) is a client whose parent, run.sh,
 # is not counted, so its time would vanish from the sum when it exits (a negative delta).
 CELERY = re.compile(r"celery .*\b(worker|beat)\b")
+# The RocketMQ gRPC door's processes (run.sh starts TXHUB_GRPC_PROCESSES of them).
+GRPC = re.compile(r"manage\.py grpcserver\b")
 
 
 @dataclass
@@ -40,7 +42,7 @@ def _stat(pid: str) -> tuple[str, str, float]:
 
 def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset[str]]:
     """ms per part, and which processes were counted ("pid" live, "pid Z" not yet reaped)."""
-    parts = {"web": 0.0, "postgres": 0.0, "celery": 0.0}
+    parts = {"web": 0.0, "postgres": 0.0, "celery": 0.0, "grpc": 0.0}
     part_of: dict[str, str] = {}
     zombies: dict[str, tuple[str, float]] = {}
     me = os.getpid()
@@ -64,6 +66,8 @@ def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset
                 part = "web"
             elif CELERY.search(cmdline):
                 part = "celery"
+            elif GRPC.search(cmdline):
+                part = "grpc"
             else:
                 continue
             # Only the top of each tree is counted with its children's exited time; a live

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import cpu  # noqa: E402
+import grpc_rpcs  # noqa: E402
 from http_client import Client  # noqa: E402
 
 BODY = b"bench message body"
@@ -50,8 +52,9 @@ def run(
     seconds: float,
     make_producer: Callable[[], Any],
     make_consumer: Callable[[], Any],
-) -> float:
-    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close())."""
+) -> tuple[float, int]:
+    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close()).
+    Messages/s, and how many were sent."""
     produced = received = 0
     lock = threading.Lock()
     stop, done = threading.Event(), threading.Event()
@@ -109,7 +112,18 @@ def run(
         thread.join()
     if errors:
         raise RuntimeError(f"load failed: {errors[0]!r}") from errors[0]
-    return produced / (max(last[0], started + seconds) - started)
+    return produced / (max(last[0], started + seconds) - started), produced
+
+
+def measured(
+    data_dir: str, load: Callable[[], tuple[float, int]]
+) -> tuple[float, dict[str, float]]:
+    """The load's messages/s and the server's CPU per message by part (ms, bench/cpu.py),
+    client start-up included (as many RPCs a client makes once, in both doors' runs)."""
+    before = cpu.sample(ROOT, data_dir)
+    rate, messages = load()
+    spent = cpu.delta(before, cpu.sample(ROOT, data_dir))
+    return rate, {part: ms / max(messages, 1) for part, ms in spent.items()}
 
 
 def main() -> None:
@@ -118,6 +132,7 @@ def main() -> None:
     parser.add_argument("--grpc", default=f"127.0.0.1:{os.environ.get('TXHUB_GRPC_PORT', '8081')}")
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6)
+    parser.add_argument("--rpc-calls", type=int, default=200, help="calls per RPC, per-RPC CPU")
     args = parser.parse_args()
     from rocketmq import (
         ClientConfiguration,
@@ -175,12 +190,40 @@ def main() -> None:
     from apps.broker.services import registry
 
     registry.topic_create(name=f"{name}-rest", queues=4)  # same shape, its own offsets
-    grpc_rate = run(args.producers, args.seconds, grpc_producer, grpc_consumer)
-    rest_rate = run(args.producers, args.seconds, rest_producer, rest_consumer)
+    registry.topic_create(name=f"{name}-rpc", queues=4)
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        data_dir = os.path.realpath(str(cursor.fetchone()[0]))
+    connection.close()
+    grpc_rate, on_grpc = measured(
+        data_dir, lambda: run(args.producers, args.seconds, grpc_producer, grpc_consumer)
+    )
+    rest_rate, on_rest = measured(
+        data_dir, lambda: run(args.producers, args.seconds, rest_producer, rest_consumer)
+    )
     print(
         f"gRPC door, send + receive + ack, {args.producers} producers, {args.seconds:g} s: "
         f"{grpc_rate:8.1f} messages/s (official Python client) vs REST {rest_rate:8.1f} "
         f"messages/s ({100 * grpc_rate / rest_rate:.0f} %)"
+    )
+    print(
+        f"gRPC door server CPU per message: gRPC processes {on_grpc['grpc']:.2f} ms, Postgres "
+        f"{on_grpc['postgres']:.2f} ms vs REST web {on_rest['web']:.2f} ms, Postgres "
+        f"{on_rest['postgres']:.2f} ms (gRPC/web {on_grpc['grpc'] / on_rest['web']:.2f}x)"
+    )
+    spent = grpc_rpcs.per_rpc(
+        endpoint=args.grpc,
+        keys=keys,
+        topic=f"{name}-rpc",
+        group=name,
+        calls=args.rpc_calls,
+        data_dir=data_dir,
+    )
+    print(
+        f"gRPC door CPU per call ({args.rpc_calls} calls each, gRPC processes + Postgres): "
+        + ", ".join(f"{rpc} {spent[rpc][0]:.2f} + {spent[rpc][1]:.2f} ms" for rpc in grpc_rpcs.HOT)
     )
 
 

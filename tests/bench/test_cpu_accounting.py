@@ -92,3 +92,23 @@ def test_a_celery_client_command_is_not_a_server(tmp_path: Path) -> None:
     finally:
         client.kill()
         client.wait()
+
+
+def test_a_grpc_server_is_a_part_of_its_own(tmp_path: Path) -> None:
+    # `manage.py grpcserver` (run.sh's gRPC door, issue 28): its CPU is the "grpc" part, not the
+    # web tier's, so `make bench` can set it beside REST's web CPU.
+    server = _named(
+        "python manage.py grpcserver",
+        "import time\ntime.sleep(0.3)\n" + BURN.format(s=0.3) + "time.sleep(30)\n",
+        tmp_path,
+    )
+    try:
+        before = cpu.sample(tmp_path, "/nonexistent")
+        deadline = time.monotonic() + 10
+        while cpu.delta(before, cpu.sample(tmp_path, "/nonexistent"))["grpc"] < 250:
+            assert time.monotonic() < deadline, "the gRPC server's CPU was not counted"
+            time.sleep(0.1)
+        assert cpu.sample(tmp_path, "/nonexistent").parts["web"] == 0
+    finally:
+        server.kill()
+        server.wait()

@@ -82,6 +82,9 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
         "batched / ceiling:",
         "server CPU, single",
         "gRPC",
+        # issue 28: the gRPC door's CPU beside REST's, and per hot RPC
+        "gRPC door server CPU per message: gRPC processes",
+        "gRPC door CPU per call",
         "beside a junk-token flood",
     ):
         assert line in out, out

@@ -1,11 +1,11 @@
 """Running the synchronous services from grpc.aio handlers, and the long poll's wait."""
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
 from apps.broker import limits, waiting, wakeups
@@ -34,9 +34,12 @@ def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, An
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Runs a service (ORM, blocking) on the loop's thread pool: each pool thread keeps its own
-    connection, and no handler blocks the event loop that carries every other client's calls."""
-    call = sync_to_async(_in_thread, thread_sensitive=False)
-    return await call(fn, args, kwargs)
+    connection, and no handler blocks the event loop that carries every other client's calls.
+    The executor directly, as the lean door's hot calls (txhub/web.py): nothing the thread runs
+    reads a context set on the loop, so asgiref's bookkeeping around it is only cost; and a hot
+    RPC makes one such hop, its whole synchronous part (docs/decisions/0052)."""
+    work = functools.partial(_in_thread, fn, args, kwargs)
+    return await asyncio.get_running_loop().run_in_executor(None, work)
 
 
 async def wait_more(plan: WaitPlan, *, since: float) -> list[Received]:

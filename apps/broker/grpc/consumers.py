@@ -26,6 +26,7 @@ from apps.broker.grpc.protocol import (
 )
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
+    as_caller,
     authenticate,
     broker_of,
     consumed_topic_of,
@@ -60,41 +61,12 @@ class ConsumerRpcs:
         )
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        remaining = context.time_remaining()
+        since = asyncio.get_running_loop().time()
         try:
-            caller = await authenticate(context)
-            group, topic, tags = await db(_receive_target, caller, request)
-            invisible: float = limits.DEFAULT_INVISIBLE_SECONDS
-            if request.HasField("invisible_duration"):
-                invisible = duration_seconds(request.invisible_duration)
-                low, high = limits.MIN_INVISIBLE_SECONDS, limits.MAX_INVISIBLE_SECONDS
-                if not low <= invisible <= high:
-                    raise Refusal(
-                        Code.ILLEGAL_INVISIBLE_TIME,
-                        f"The invisible duration must be {low}..{high} s.",
-                    )
-            most = limits.MAX_RECEIVE_MESSAGES  # the REST door's bounds (CONTRACT section 3)
-            batch = max(1, min(request.batch_size or most, most))
-            wait = 0.0
-            if request.HasField("long_polling_timeout"):
-                wait = min(
-                    duration_seconds(request.long_polling_timeout),
-                    settings.TXHUB_GRPC_LONG_POLL_MAX,
-                )
-            remaining = context.time_remaining()
-            if remaining is not None:  # answer before the client's own deadline
-                wait = max(0.0, min(wait, remaining - 1.0))
-            seconds = int(invisible)
-            since = asyncio.get_running_loop().time()
-            asked = consuming.WaitPlan(
-                group=group,
-                topic=topic,
-                max_messages=batch,
-                invisible_seconds=seconds,
-                wait_seconds=wait,
-                tags=tags,
-                token_id=caller.principal.token_id,
+            topic, seconds, received, plan = await as_caller(
+                context, _first_try, request, remaining
             )
-            received, plan = await db(waiting.first_try, asked)
             if plan is not None:
                 received = await wait_more(plan, since=since)
         except Refusal as refused:
@@ -131,14 +103,17 @@ class ConsumerRpcs:
 
     @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
     async def AckMessage(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
-        group = await db(consumer_group_of, caller, request.group.name)
+        return await as_caller(context, self._ack, request)
+
+    @staticmethod
+    def _ack(caller: Any, request: Any) -> Any:
+        group = consumer_group_of(caller, request.group.name)
         if not 1 <= len(request.entries) <= limits.MAX_ACK_HANDLES:
             raise Refusal(
                 Code.BAD_REQUEST, f"Ack 1 to {limits.MAX_ACK_HANDLES} messages per request."
             )
         handles = [entry.receipt_handle for entry in request.entries]
-        acked, _ = await db(consuming.message_ack, group=group, receipt_handles=handles)
+        acked, _ = consuming.message_ack(group=group, receipt_handles=handles)
         done = set(acked)
         entries = []
         for entry in request.entries:
@@ -204,6 +179,46 @@ class ConsumerRpcs:
         return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
 
 
+def _first_try(
+    caller: Any, request: Any, remaining: float | None
+) -> tuple[Any, int, list[consuming.Received], consuming.WaitPlan | None]:
+    """A receive up to its first try (waiting.first_try), in the RPC's one thread hop: the topic,
+    the invisible seconds, what was found, and the plan to wait on if nothing was."""
+    group, topic, tags = _receive_target(caller, request)
+    invisible: float = limits.DEFAULT_INVISIBLE_SECONDS
+    low, high = limits.MIN_INVISIBLE_SECONDS, limits.MAX_INVISIBLE_SECONDS
+    if request.HasField("invisible_duration"):
+        invisible = duration_seconds(request.invisible_duration)
+        if not low <= invisible <= high:
+            raise Refusal(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"The invisible duration must be {low}..{high} s.",
+            )
+    batch = max(
+        1, min(request.batch_size or limits.MAX_RECEIVE_MESSAGES, limits.MAX_RECEIVE_MESSAGES)
+    )
+    wait = 0.0
+    if request.HasField("long_polling_timeout"):
+        wait = min(
+            duration_seconds(request.long_polling_timeout),
+            settings.TXHUB_GRPC_LONG_POLL_MAX,
+        )
+    if remaining is not None:  # answer before the client's own deadline
+        wait = max(0.0, min(wait, remaining - 1.0))
+    seconds = int(invisible)
+    asked = consuming.WaitPlan(
+        group=group,
+        topic=topic,
+        max_messages=batch,
+        invisible_seconds=seconds,
+        wait_seconds=wait,
+        tags=tags,
+        token_id=caller.principal.token_id,
+    )
+    received, plan = waiting.first_try(asked)
+    return topic, seconds, received, plan
+
+
 def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:
     group = consumer_group_of(caller, request.group.name)
     expression = request.filter_expression
@@ -216,4 +231,4 @@ def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:
     topic_name = request.message_queue.topic.name
     epoch = caller.principal.config_epoch
     access.topic_allowed(kind="consume", group=group.name, topic=topic_name, epoch=epoch)
-    return group, topic_of(topic_name), tags
+    return group, topic_of(topic_name, epoch), tags

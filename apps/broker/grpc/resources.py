@@ -1,7 +1,8 @@
 """What every RPC checks first: the signed caller, and the topic or consumer group it names, in
 the protocol's codes (shared by the producer and consumer RPCs)."""
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -12,14 +13,26 @@ from apps.broker.grpc.calls import db
 from apps.broker.grpc.protocol import Code, Refusal, pb, refusal_of
 from apps.broker.services.errors import BrokerError
 
+T = TypeVar("T")
+
 
 async def authenticate(context: Any) -> Caller:
     """The signed caller, counted against its token's rate limit (every RPC and every stream
     opened counts once, as every REST request does)."""
-    return await db(_counted_caller, metadata_of(context))
+    return await db(counted_caller, metadata_of(context))
 
 
-def _counted_caller(metadata: dict[str, str]) -> Caller:
+async def as_caller(context: Any, fn: Callable[..., T], /, *args: Any) -> T:
+    """`fn(caller, *args)` for the signed, counted caller, both in one thread hop: a hot RPC's
+    whole synchronous part (docs/decisions/0052)."""
+    return await db(_as_caller, metadata_of(context), fn, args)
+
+
+def _as_caller(metadata: dict[str, str], fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    return fn(counted_caller(metadata), *args)
+
+
+def counted_caller(metadata: dict[str, str]) -> Caller:
     caller, counted = caller_of(metadata)
     count_call(caller, counted)
     return caller
@@ -38,13 +51,15 @@ def count_call(caller: Caller, counted: throttling.Counted | None = None) -> Non
         )
 
 
-def topic_of(name: str) -> Any:
+def topic_of(name: str, epoch: str | None = None) -> Any:
+    """The topic, kept per process under the caller's configuration epoch (`epoch`, its
+    principal's) as the REST door's lookups (docs/decisions/0026)."""
     try:
         limits.check_name(name, what="The topic")
     except limits.LimitError as error:
         raise Refusal(Code.ILLEGAL_TOPIC, str(error)) from None
     try:
-        return selectors.topic_get(name=name)
+        return selectors.topic_get(name=name, epoch=epoch)
     except BrokerError as error:
         raise refusal_of(error, not_found=Code.TOPIC_NOT_FOUND) from None
 
@@ -56,7 +71,7 @@ def consumer_group_of(caller: Caller, name: str) -> Any:
         raise Refusal(Code.ILLEGAL_CONSUMER_GROUP, str(error)) from None
     caller.principal.require("consume", name)
     try:
-        return selectors.consumer_group_get(name=name)
+        return selectors.consumer_group_get(name=name, epoch=caller.principal.config_epoch)
     except BrokerError as error:
         raise refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND) from None
 
@@ -66,7 +81,7 @@ def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple
     group = consumer_group_of(caller, group_name)
     epoch = caller.principal.config_epoch
     access.topic_allowed(kind="consume", group=group.name, topic=topic_name, epoch=epoch)
-    return group, topic_of(topic_name)
+    return group, topic_of(topic_name, epoch)
 
 
 # Every message type is accepted on every queue: FIFO too, so that the server, not the client,

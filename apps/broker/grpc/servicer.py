@@ -26,6 +26,7 @@ from apps.broker.grpc.protocol import (
 )
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
+    as_caller,
     authenticate,
     broker_of,
     consumer_group_of,
@@ -42,6 +43,22 @@ from apps.broker.services import (
 )
 from apps.broker.services.errors import BrokerError
 from apps.broker.services.transactions import Actor
+
+
+def _heartbeat(caller: Caller, request: Any) -> Any:
+    group = ""
+    if request.client_type == pb.PRODUCER:
+        group = caller.principal.only_group("produce")
+    elif request.HasField("group") and request.group.name:
+        group = request.group.name
+        consumer_group_of(caller, group)
+    clients.client_seen(
+        client_id=caller.client_id,
+        token_id=caller.principal.token_id,
+        client_type=pb.ClientType.Name(request.client_type),
+        group=group,
+    )
+    return rpc.HeartbeatResponse(status=status())
 
 
 class MessagingService(
@@ -79,21 +96,7 @@ class MessagingService(
 
     @unary(rpc.HeartbeatResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
     async def Heartbeat(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
-        group = ""
-        if request.client_type == pb.PRODUCER:
-            group = caller.principal.only_group("produce")
-        elif request.HasField("group") and request.group.name:
-            group = request.group.name
-            await db(consumer_group_of, caller, group)
-        await db(
-            clients.client_seen,
-            client_id=caller.client_id,
-            token_id=caller.principal.token_id,
-            client_type=pb.ClientType.Name(request.client_type),
-            group=group,
-        )
-        return rpc.HeartbeatResponse(status=status())
+        return await as_caller(context, _heartbeat, request)
 
     @unary(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
@@ -120,7 +123,9 @@ class MessagingService(
 
     @unary(rpc.SendMessageResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def SendMessage(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
+        return await as_caller(context, self._send, request)
+
+    def _send(self, caller: Caller, request: Any) -> Any:
         group = caller.principal.only_group("produce")
         try:
             limits.check_count(
@@ -131,7 +136,7 @@ class MessagingService(
         entries = []
         for message in request.messages:
             try:
-                entries.append(await db(self._send_one, caller, group, message))
+                entries.append(self._send_one(caller, group, message))
             except Refusal as refused:
                 entries.append(rpc.SendResultEntry(status=status(refused.code, refused.message)))
             except BrokerError as error:
@@ -183,8 +188,9 @@ class MessagingService(
             topic=message.topic.name,
             epoch=caller.principal.config_epoch,
         )
-        topic = topic_of(message.topic.name)
-        producer_group = selectors.producer_group_get(name=group)
+        epoch = caller.principal.config_epoch
+        topic = topic_of(message.topic.name, epoch)
+        producer_group = selectors.producer_group_get(name=group, epoch=epoch)
         if is_transaction:
             half = transactions.transaction_prepare(
                 producer_group=producer_group,
@@ -251,33 +257,34 @@ class MessagingService(
 
     @unary(rpc.EndTransactionResponse, not_found=Code.INVALID_TRANSACTION_ID)
     async def EndTransaction(self, request: Any, context: Any) -> Any:
-        caller = await authenticate(context)
-        try:
-            transaction_id = uuid.UUID(request.transaction_id)
-        except ValueError:
-            raise Refusal(
-                Code.INVALID_TRANSACTION_ID, "The transaction id is not one of txhub's."
-            ) from None
-        if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
-            raise Refusal(Code.BAD_REQUEST, "The resolution must be COMMIT or ROLLBACK.")
-        commit = request.resolution == pb.COMMIT
-        groups = caller.principal.groups("produce")
-        if request.source == pb.SOURCE_SERVER_CHECK:
-            # Check-back's answer if a check is outstanding to this client, else the producer's.
-            await db(
-                checkback_stream.checkback_answer,
-                transaction_id=transaction_id,
-                answer="COMMIT" if commit else "ROLLBACK",
-                client_id=caller.client_id,
-                producer=Actor(Resolver.PRODUCER, caller.principal.name),
-                producer_groups=groups,
-            )
-            return rpc.EndTransactionResponse(status=status())
-        resolve = transactions.transaction_commit if commit else transactions.transaction_rollback
-        await db(
-            resolve,
+        return await as_caller(context, _end_transaction, request)
+
+
+def _end_transaction(caller: Caller, request: Any) -> Any:
+    try:
+        transaction_id = uuid.UUID(request.transaction_id)
+    except ValueError:
+        raise Refusal(
+            Code.INVALID_TRANSACTION_ID, "The transaction id is not one of txhub's."
+        ) from None
+    if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
+        raise Refusal(Code.BAD_REQUEST, "The resolution must be COMMIT or ROLLBACK.")
+    commit = request.resolution == pb.COMMIT
+    groups = caller.principal.groups("produce")
+    if request.source == pb.SOURCE_SERVER_CHECK:
+        # Check-back's answer if a check is outstanding to this client, else the producer's.
+        checkback_stream.checkback_answer(
             transaction_id=transaction_id,
-            actor=Actor(Resolver.PRODUCER, caller.principal.name),
+            answer="COMMIT" if commit else "ROLLBACK",
+            client_id=caller.client_id,
+            producer=Actor(Resolver.PRODUCER, caller.principal.name),
             producer_groups=groups,
         )
         return rpc.EndTransactionResponse(status=status())
+    resolve = transactions.transaction_commit if commit else transactions.transaction_rollback
+    resolve(
+        transaction_id=transaction_id,
+        actor=Actor(Resolver.PRODUCER, caller.principal.name),
+        producer_groups=groups,
+    )
+    return rpc.EndTransactionResponse(status=status())

@@ -20,7 +20,7 @@ from apps.broker.models import (
     Topic,
     new_msg_id,
 )
-from apps.broker.services.client_ids import stored_id_for
+from apps.broker.services.client_ids import held, stored_id_for
 from apps.broker.services.errors import Conflict
 
 
@@ -207,10 +207,14 @@ def message_send(
         [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
         return sent
     for _ in range(3):
-        stored_id = stored_id_for(client_id=msg_id, producer_group=message.producer_group)
-        earlier = message_by_client_id(msg_id=stored_id, topic=topic, message=message)
-        if earlier is not None:
-            return earlier
+        # A fresh id: stored as it is, nothing sent under it before (client_ids.held).
+        if held(msg_id):
+            stored_id = stored_id_for(client_id=msg_id, producer_group=message.producer_group)
+            earlier = message_by_client_id(msg_id=stored_id, topic=topic, message=message)
+            if earlier is not None:
+                return earlier
+        else:
+            stored_id = msg_id
         try:
             [sent] = message_send_batch(
                 topic=topic, messages=[(message, deliver_at)], msg_ids=[stored_id]

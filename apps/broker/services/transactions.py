@@ -33,7 +33,7 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services import committing, half_rows
-from apps.broker.services.client_ids import stored_id_for
+from apps.broker.services.client_ids import held, stored_id_for
 from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
     OutgoingMessage,
@@ -95,10 +95,14 @@ def transaction_prepare(
         )
         return half
     for _ in range(3):
-        stored_id = stored_id_for(client_id=msg_id, producer_group=producer_group.name)
-        earlier = _half_by_client_id(stored_id, producer_group, topic)
-        if earlier is not None:
-            return earlier
+        # A fresh id: stored as it is, nothing prepared under it before (client_ids.held).
+        if held(msg_id):
+            stored_id = stored_id_for(client_id=msg_id, producer_group=producer_group.name)
+            earlier = _half_by_client_id(stored_id, producer_group, topic)
+            if earlier is not None:
+                return earlier
+        else:
+            stored_id = msg_id
         item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, stored_id)
         try:
             [half] = transaction_prepare_batch(

@@ -4,6 +4,7 @@
 - `server`: a real gunicorn on the test database, for tests that speak HTTP from many threads.
 """
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -49,6 +50,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     processes (docs/decisions/0051) they start at once and the rest fill in around them, instead
     of one of them ending the run alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def event_loop_in_main_thread() -> Iterator[None]:
+    """The official RocketMQ Python client asks asyncio.get_event_loop() in the main thread. A
+    test run before in the same process (several run in each: decision 0051) that used
+    asyncio.run() leaves none set there, and the client's stream then fails to start."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,12 @@ from tests.chaos.ha import HACluster, make_groups
 from tests.chaos.run import CASES, SETTINGS, run_case
 from tests.support.grpc import Checker, message
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.destructive]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.destructive,
+    pytest.mark.usefixtures("event_loop_in_main_thread"),
+]
 T = TypeVar("T")
 
 

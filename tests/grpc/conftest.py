@@ -92,6 +92,11 @@ def grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
         stop(server.process)
 
 
+@pytest.fixture(autouse=True)
+def _client_event_loop(event_loop_in_main_thread: None) -> None:
+    """Every gRPC test may start the official client (tests/conftest.py says why)."""
+
+
 @pytest.fixture
 def clients() -> Iterator[list[Any]]:
     """The RocketMQ Python clients a test started (tests.support.grpc.start), shut down after it."""

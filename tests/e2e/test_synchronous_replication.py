@@ -5,8 +5,10 @@ receive (`synchronous_commit = off`) is answered at once. So across a failover a
 undone (its message comes back before its invisible time: at-least-once), but never an ack or a
 send that was answered: WAL reaches the standby in order, and their answers waited for it."""
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +21,19 @@ def _wait_for_a_standby(cluster: Any, name: str) -> None:
     cluster.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
     cluster.sql("SELECT pg_reload_conf()")
     time.sleep(0.5)  # every backend has read it
+
+
+@contextlib.contextmanager
+def _web(cluster: Any, **env: str) -> Iterator[None]:
+    """The cluster's web server for one test; after it, no standby is waited for."""
+    cluster.web_start(**env)
+    try:
+        yield
+    finally:
+        _wait_for_a_standby(cluster, "")  # the waiting commits return
+        os.killpg(cluster.web.pid, 9)
+        cluster.web.wait()
+        cluster.web = None
 
 
 def _one_message_sent(cluster: Any, name: str) -> tuple[str, dict[str, str]]:
@@ -40,8 +55,7 @@ def _one_message_sent(cluster: Any, name: str) -> tuple[str, dict[str, str]]:
 
 def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: Any) -> None:
     cluster = private_cluster
-    cluster.web_start()
-    try:
+    with _web(cluster):
         api, headers = _one_message_sent(cluster, "sync-rep")
         sent = {"producer_group": "sync-rep-p", "body": "one"}
 
@@ -67,11 +81,6 @@ def test_only_receives_are_answered_before_a_standby_has_them(private_cluster: A
                 headers=headers,
                 timeout=1.5,
             )
-    finally:
-        _wait_for_a_standby(cluster, "")  # the waiting commits return
-        os.killpg(cluster.web.pid, 9)
-        cluster.web.wait()
-        cluster.web = None
 
 
 def test_on_a_cluster_a_receive_waits_for_a_standby_too(private_cluster: Any) -> None:
@@ -79,8 +88,7 @@ def test_on_a_cluster_a_receive_waits_for_a_standby_too(private_cluster: Any) ->
     receive is answered only once a standby has it, so a primary that lost its lock and wakes
     up cannot hand out a message. The test above, on the same server, is its positive control."""
     cluster = private_cluster
-    cluster.web_start(TXHUB_RECEIVE_SYNCHRONOUS_COMMIT="1")
-    try:
+    with _web(cluster, TXHUB_RECEIVE_SYNCHRONOUS_COMMIT="1"):
         api, headers = _one_message_sent(cluster, "sync-recv")
         receive = {"topic": "sync-recv", "max_messages": 1, "invisible_seconds": 10}
         _wait_for_a_standby(cluster, "a_standby_that_never_comes")
@@ -91,8 +99,3 @@ def test_on_a_cluster_a_receive_waits_for_a_standby_too(private_cluster: Any) ->
                 headers=headers,
                 timeout=1.5,
             )
-    finally:
-        _wait_for_a_standby(cluster, "")  # the waiting commits return
-        os.killpg(cluster.web.pid, 9)
-        cluster.web.wait()
-        cluster.web = None

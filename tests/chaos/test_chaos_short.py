@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 from copy import deepcopy
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,49 @@ def test_short_fault_case_finds_no_violation(
     print(report.line())
     assert report.ok, report.details()
     assert report.ops > 100
+
+
+@pytest.fixture(scope="module")
+def fifo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
+    """F20 shortened: FIFO traffic while web workers and consumers are killed (issue 29)."""
+    out = tmp_path_factory.mktemp("chaos")
+    report = run_case(cluster, cluster.token, CASES["F20"], scale=0.3, out=out, seed=3)
+    print(report.line())
+    assert report.ok, report.details()
+    assert report.unordered == []
+    assert report.ops > 100
+    return "chaos-F20", _load(out / "history-F20.jsonl")
+
+
+def test_checker_sees_a_message_handed_out_before_its_groups_head_was_acked(
+    cluster: Cluster, fifo: tuple[str, History]
+) -> None:
+    """The F20 history, clean, with one receipt moved: the second message of a message group
+    received right after the first one, before its ack."""
+    topic, history = fifo
+    assert check("control", topic, history, cluster.sql, fifo_group=f"{topic}-consumer").ok
+    broken = _copy(history)
+    received = deliveries(broken)
+    seen = {d.msg_id for d in received}
+    rows = cluster.sql(
+        "SELECT l.message_group, l.msg_id FROM broker_commitlogentry l JOIN broker_topic t "
+        "ON t.id = l.topic_id WHERE t.name = %s AND l.message_group <> '' "
+        "ORDER BY l.message_group, l.queue_offset",
+        [topic],
+    )
+    first, second = next((a[1], b[1]) for a, b in pairwise(rows) if a[0] == b[0] and a[1] in seen)
+    head = min((d for d in received if d.msg_id == first), key=lambda d: d.invoked)
+    receive = next(op for op in broken.ops if op.f == "receive" and op.invoked == head.invoked)
+    message = next(m for m in receive.result["body"]["messages"] if m["msg_id"] == first)
+    # Answered with the head's own receive: before the head's ack can have been sent.
+    early = replace(receive, index=len(broken.ops))
+    early.result = {
+        "status": 200,
+        "body": {"messages": [{**message, "msg_id": second, "receipt_handle": "x.y"}]},
+    }
+    broken.ops.append(early)
+    report = check("control", topic, broken, cluster.sql, fifo_group=f"{topic}-consumer")
+    assert any(second in item for item in report.unordered or []), report.unordered
 
 
 # Positive controls: the same clean history, with one violation put in, is caught.

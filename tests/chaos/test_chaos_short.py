@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.check import check, deliveries
+from tests.chaos.check import Report, check, deliveries
 from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
 from tests.chaos.run import CASES, SETTINGS, run_case
@@ -31,13 +31,20 @@ def cluster() -> Iterator[Cluster]:
         cluster.cleanup()
 
 
-@pytest.fixture(scope="module")
-def baseline(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
-    out = tmp_path_factory.mktemp("chaos")
-    report = run_case(cluster, cluster.token, CASES["F1"], scale=0.3, out=out, seed=1)
+def _short(
+    cluster: Cluster, name: str, seed: int, tmp: pytest.TempPathFactory
+) -> tuple[Report, History]:
+    """A case shortened, with no violation; its report and its history."""
+    out = tmp.mktemp("chaos")
+    report = run_case(cluster, cluster.token, CASES[name], scale=0.3, out=out, seed=seed)
     print(report.line())
     assert report.ok, report.details()
-    return "chaos-F1", _load(out / "history-F1.jsonl")
+    return report, _load(out / f"history-{name}.jsonl")
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
+    return "chaos-F1", _short(cluster, "F1", 1, tmp_path_factory)[1]
 
 
 def test_baseline_history_is_clean(baseline: tuple[str, History]) -> None:
@@ -59,13 +66,10 @@ def test_short_fault_case_finds_no_violation(
 @pytest.fixture(scope="module")
 def fifo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
     """F20 shortened: FIFO traffic while web workers and consumers are killed (issue 29)."""
-    out = tmp_path_factory.mktemp("chaos")
-    report = run_case(cluster, cluster.token, CASES["F20"], scale=0.3, out=out, seed=3)
-    print(report.line())
-    assert report.ok, report.details()
+    report, history = _short(cluster, "F20", 3, tmp_path_factory)
     assert report.unordered == []
     assert report.ops > 100
-    return "chaos-F20", _load(out / "history-F20.jsonl")
+    return "chaos-F20", history
 
 
 def test_checker_sees_a_message_handed_out_before_its_groups_head_was_acked(

@@ -276,16 +276,7 @@ class Workload:
         if point == "answer":
             self.history.complete(receive, "info", {"error": "killed before the answer"})
         elif point == "ack answer":
-            op = call(
-                session,
-                self.history,
-                name,
-                "ack",
-                f"{self.api}/consumer-groups/{self.consumer}/ack",
-                {"receipt_handles": handles},
-                value={"receipt_handles": handles, "retry_of": None},
-                headers=self.headers,
-            )
+            op = self._ack_once(session, name, handles, None)
             self.history.complete(op, "info", {"error": "killed before the answer"})
         session.close()
 
@@ -294,20 +285,25 @@ class Workload:
         and answers `invalid` for what the first one did ack (the checker reads that)."""
         first = None
         for _ in range(10):
-            op = call(
-                session,
-                self.history,
-                name,
-                "ack",
-                f"{self.api}/consumer-groups/{self.consumer}/ack",
-                {"receipt_handles": handles},
-                value={"receipt_handles": handles, "retry_of": first},
-                headers=self.headers,
-            )
+            op = self._ack_once(session, name, handles, first)
             if not _unknown_or_unsent(op):
                 return
             first = op.index if first is None else first
             time.sleep(0.2)
+
+    def _ack_once(
+        self, session: requests.Session, name: str, handles: list[str], retry_of: int | None
+    ) -> Op:
+        return call(
+            session,
+            self.history,
+            name,
+            "ack",
+            f"{self.api}/consumer-groups/{self.consumer}/ack",
+            {"receipt_handles": handles},
+            value={"receipt_handles": handles, "retry_of": retry_of},
+            headers=self.headers,
+        )
 
 
 def serve_forever() -> None:

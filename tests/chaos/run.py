@@ -291,7 +291,7 @@ CASES = {
         Case("F19", "HA: the Redis master SIGKILLed", ha_cases.redis_master_killed, ha=True),
         Case(
             "F20",
-            "FIFO traffic in 100 message groups; gunicorn workers SIGKILLed, consumers killed",
+            "FIFO traffic in 50 message groups; gunicorn workers SIGKILLed, consumers killed",
             fifo_case.workers_and_consumers_killed,
             groups=fifo_case.GROUPS,
             consumers=4,

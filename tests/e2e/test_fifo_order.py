@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import requests
+from django.db import connection
 
 from tests.conftest import Server
 from tests.support.responses import expect
@@ -227,3 +228,48 @@ def test_transactions_take_their_place_at_commit(api: Api) -> None:
     assert [m["body"] for m in second] == ["A"]
     assert second[0]["queue_offset"] > first[0]["queue_offset"]
     assert api.get(f"/transactions/{pending}")["state"] == "PREPARED"
+
+
+def test_concurrent_receives_of_many_free_heads_answer_200(server: Server, api: Api) -> None:
+    """Many message groups, each with a backlog, and consumers receiving up to 1-32 at a time at
+    once: their receives release overlapping sets of held heads, of every size. Each must
+    answer 200 (a deadlock between two of them is a 503 `unavailable`)."""
+    api.setup(queues=4)
+    groups, depth, consumers = 300, 4, 8
+    for seq in range(depth):
+        for first in range(0, groups, 50):
+            items = [
+                {"body": f"{g}:{seq}", "message_group": f"order-{g}"}
+                for g in range(first, first + 50)
+            ]
+            payload = {"producer_group": "shop", "messages": items}
+            api.post("/topics/orders/messages:batch", payload, 201)
+    # Every group's head in flight and the rest held, the statistics saying so (as autovacuum's
+    # would under load), then the heads acked: hundreds of free heads for the receives below.
+    heads = []
+    while batch := api.receive(max_messages=32):
+        heads += [m["receipt_handle"] for m in batch]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE broker_delivery")
+    api.ack(*heads)
+    left = [groups * (depth - 1)]
+    lock = threading.Lock()
+
+    def consume(me: int) -> None:
+        consumer = Api(server, api.headers)
+        rng = random.Random(me)
+        deadline = time.monotonic() + 120
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+            assert time.monotonic() < deadline, "the consumers did not get every message in time"
+            messages = consumer.receive(max_messages=rng.randint(1, 32))
+            if messages:
+                consumer.ack(*[m["receipt_handle"] for m in messages])
+                with lock:
+                    left[0] -= len(messages)
+
+    with ThreadPoolExecutor(consumers) as pool:
+        for future in [pool.submit(consume, n) for n in range(consumers)]:
+            future.result()  # a 503 in any consumer fails the test here

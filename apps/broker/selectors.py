@@ -203,6 +203,36 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
     return rows
 
 
+# A FIFO group's message groups that have messages held, each with its head: the delivery in
+# flight that holds the others (none: the next receive hands the first held one out).
+HELD_GROUPS_SQL = """
+WITH held AS (
+    SELECT topic_id, message_group, count(*) AS held FROM broker_delivery
+    WHERE group_id = %(group)s AND state = 'HELD' GROUP BY topic_id, message_group
+)
+SELECT t.name, held.message_group, held.held, head.msg_id, head.attempts, head.since
+FROM held JOIN broker_topic t ON t.id = held.topic_id
+LEFT JOIN LATERAL (
+    SELECT e.msg_id, d.attempts, d.first_received_at AS since
+    FROM broker_delivery d JOIN broker_commitlogentry e ON e."offset" = d.message_id
+    WHERE d.group_id = %(group)s AND d.topic_id = held.topic_id
+        AND d.message_group = held.message_group AND d.state = 'INFLIGHT'
+    LIMIT 1
+) head ON true
+ORDER BY head.since NULLS LAST, t.name, held.message_group
+LIMIT %(limit)s
+"""
+
+
+def held_message_groups(*, group: ConsumerGroup, limit: int = 200) -> list[dict[str, Any]]:
+    """Oldest first: the topic, the message group, how many messages wait, and the head's
+    message id, attempts and since when it is in flight (docs/decisions/0054)."""
+    with connection.cursor() as cursor:
+        cursor.execute(HELD_GROUPS_SQL, {"group": group.pk, "limit": limit})
+        names = ("topic", "message_group", "held", "head_msg_id", "head_attempts", "since")
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
 def dlq_list(*, group: ConsumerGroup) -> QuerySet[Delivery]:
     return (
         Delivery.objects.filter(group=group, state=DeliveryState.DLQ)

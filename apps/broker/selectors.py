@@ -28,6 +28,7 @@ from apps.broker.models import (
     ReconciliationRun,
     Topic,
 )
+from apps.broker.services import half_rows
 from apps.broker.services.errors import NotFound
 
 # The lookups every send, prepare and receive makes take `epoch`: the API request's
@@ -85,12 +86,9 @@ def transaction_get(
     *, transaction_id: uuid.UUID, producer_groups: Collection[str] | None = None
 ) -> HalfMessage:
     query = HalfMessage.objects.select_related("topic", "producer_group").prefetch_related("ops")
-    half = query.filter(transaction_id=transaction_id).first()
-    if half is None or (
-        producer_groups is not None and half.producer_group.name not in producer_groups
-    ):
-        raise NotFound(f"Transaction {transaction_id} does not exist.")
-    return half
+    return half_rows.owned(
+        query.filter(transaction_id=transaction_id).first(), transaction_id, producer_groups
+    )
 
 
 def transaction_list(
@@ -140,7 +138,9 @@ def message_trace(
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
     row = entry or delayed
     group = half.producer_group.name if half else row.producer_group if row else None
-    producer_view = group is not None and (producer_groups is None or group in producer_groups)
+    producer_view = group is not None and access.producer_group_visible(
+        name=group, producer_groups=producer_groups
+    )
     consumer_view = (
         entry is not None
         and bool(consumer_groups)

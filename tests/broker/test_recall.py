@@ -46,6 +46,10 @@ class Shop:
         who = self.producer if headers is None else headers
         return self.post(who, f"/api/v1/messages/{msg_id}/recall")
 
+    def trace(self, msg_id: str) -> dict[str, Any]:
+        path = self.server.url(f"/api/v1/messages/{msg_id}")
+        return dict(expect(requests.get(path, headers=self.producer, timeout=30), 200))
+
     def received(self) -> list[str]:
         consumer = self.server.token("consume:billing")
         path = "/api/v1/consumer-groups/billing/receive"
@@ -88,14 +92,7 @@ def test_a_recalled_message_is_never_delivered(shop: Shop) -> None:
     assert shop.received() == [kept["msg_id"]]
 
     # Its history says when, by whom, through which door.
-    trace = expect(
-        requests.get(
-            shop.server.url(f"/api/v1/messages/{recalled['msg_id']}"),
-            headers=shop.producer,
-            timeout=30,
-        ),
-        200,
-    )
+    trace = shop.trace(recalled["msg_id"])
     assert trace["recall"] == {
         "recalled_at": answer["recalled_at"],
         "recalled_by": "http-test",
@@ -123,14 +120,7 @@ def test_a_committed_delayed_transaction_is_recalled_and_a_prepared_one_is_not(
 
     assert delivery.delayed_deliver_due() == 0
     assert not CommitLogEntry.objects.exists()
-    trace = expect(
-        requests.get(
-            shop.server.url(f"/api/v1/messages/{committed['msg_id']}"),
-            headers=shop.producer,
-            timeout=30,
-        ),
-        200,
-    )
+    trace = shop.trace(committed["msg_id"])
     assert trace["transaction"]["state"] == "COMMITTED"
     assert trace["recall"]["door"] == "rest"
 

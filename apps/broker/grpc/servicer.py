@@ -178,6 +178,7 @@ class MessagingService(
                 )
             try:
                 deliver_at = delivery.delivery_time(
+                    message=outgoing,
                     delay_level=None,
                     deliver_at=to_datetime(system.delivery_timestamp),
                     start=timezone.now(),

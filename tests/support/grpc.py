@@ -62,6 +62,8 @@ def message(topic: str, body: bytes, tag: str = "", **extra: Any) -> Any:
         msg.add_property(name, value)
     if "delivery_timestamp" in extra:
         msg.delivery_timestamp = extra["delivery_timestamp"]
+    if "message_group" in extra:
+        msg.message_group = extra["message_group"]
     return msg
 
 

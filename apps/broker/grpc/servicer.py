@@ -152,8 +152,6 @@ class MessagingService(
     def _send_one(self, caller: Caller, group: str, message: Any) -> Any:
         """Every limit first (CONTRACT section 3), then one service call."""
         system = message.system_properties
-        if system.HasField("message_group") and system.message_group:
-            raise Refusal(Code.UNSUPPORTED, "FIFO messages (message groups) are not supported.")
         if system.HasField("lite_topic") and system.lite_topic:
             raise Refusal(Code.UNSUPPORTED, "Lite topics are not supported.")
         if system.HasField("priority"):
@@ -173,6 +171,13 @@ class MessagingService(
                 raise Refusal(
                     Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                     "A transactional message has no delivery time.",
+                )
+            if outgoing.message_group:
+                # RocketMQ's proxy calls this message DELAY, not FIFO: its type conflicts
+                # (docs/decisions/0056).
+                raise Refusal(
+                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                    "A message with a message group has no delivery time.",
                 )
             try:
                 deliver_at = delivery.delivery_time(
@@ -226,6 +231,12 @@ class MessagingService(
                 limits.check_tag(limits.check_text(tag))
         except limits.LimitError as error:
             raise Refusal(Code.ILLEGAL_MESSAGE_TAG, str(error)) from None
+        message_group = system.message_group if system.HasField("message_group") else ""
+        try:
+            if message_group:
+                limits.check_message_group(message_group)
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_MESSAGE_GROUP, str(error)) from None
         keys = list(system.keys)
         properties = dict(message.user_properties)
         try:
@@ -253,6 +264,7 @@ class MessagingService(
             tags=tag,
             keys=keys,
             properties=properties,
+            message_group=message_group,
         )
 
     @unary(rpc.EndTransactionResponse, not_found=Code.INVALID_TRANSACTION_ID)

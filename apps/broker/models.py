@@ -79,7 +79,7 @@ class ConsumerGroup(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     # Receives each message group's messages in order, one at a time (docs/decisions/0054).
-    fifo = models.BooleanField(default=False)
+    fifo = models.BooleanField(default=False, db_default=False)
     # The topics this group may receive from; none bound = any topic (docs/decisions/0010).
     topics = models.ManyToManyField(Topic, blank=True, related_name="consumer_groups")
 
@@ -162,7 +162,7 @@ class MessageFields(models.Model):
     born_at = models.DateTimeField(default=timezone.now)
     # Its message group ("" for none): one group's messages share a queue, in commit order, and
     # a FIFO consumer group receives them one at a time (docs/decisions/0054).
-    message_group = models.CharField(max_length=128, blank=True, default="")
+    message_group = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         abstract = True
@@ -361,7 +361,7 @@ class Delivery(models.Model):
     acked_at = models.DateTimeField(null=True, blank=True)
     dlq_at = models.DateTimeField(null=True, blank=True)
     # The message's group, in a FIFO consumer group only ("" otherwise; decision 0054).
-    message_group = models.CharField(max_length=128, blank=True, default="")
+    message_group = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["message", "group"], name="delivery_unique")]
@@ -475,8 +475,10 @@ class AuditRecord(models.Model):
 
 
 # Defined apart to keep this module small; part of the broker app all the same.
-from apps.broker.models_reconciliation import (  # noqa: E402, F401
-    ReconciliationFinding,
-    ReconciliationRun,
-    RunStatus,
+from apps.broker.models_reconciliation import (  # noqa: E402
+    ReconciliationFinding as ReconciliationFinding,
 )
+from apps.broker.models_reconciliation import (  # noqa: E402
+    ReconciliationRun as ReconciliationRun,
+)
+from apps.broker.models_reconciliation import RunStatus as RunStatus  # noqa: E402

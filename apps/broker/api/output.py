@@ -142,9 +142,13 @@ class TransactionOut(CompiledOut):
     born_at = serializers.DateTimeField()
     resolved_at = serializers.DateTimeField(allow_null=True)
     resolved_by = serializers.SerializerMethodField()
+    message_group = serializers.SerializerMethodField()
 
     def get_resolved_by(self, half: HalfMessage) -> str | None:
         return half.resolved_by or None
+
+    def get_message_group(self, half: HalfMessage) -> str | None:
+        return half.message_group or None
 
 
 class TransactionDetailOut(TransactionOut):
@@ -177,9 +181,14 @@ class SendOut(CompiledOut):
     queue_offset = serializers.IntegerField(allow_null=True)
     status = serializers.SerializerMethodField()
     deliver_at = serializers.DateTimeField()
+    message_group = serializers.SerializerMethodField()
 
     def get_status(self, sent: Any) -> str:
         return "SEND_OK"
+
+    def get_message_group(self, sent: Any) -> str | None:
+        group = sent.get("message_group") if isinstance(sent, Mapping) else sent.message_group
+        return group or None
 
 
 class ReceivedOut(BodyMixin):
@@ -194,6 +203,10 @@ class ReceivedOut(BodyMixin):
     stored_at = serializers.DateTimeField(source="message.stored_at")
     delivery_attempt = serializers.IntegerField(source="delivery.attempts")
     transaction_id = serializers.UUIDField(source="message.transaction_id", allow_null=True)
+    message_group = serializers.SerializerMethodField()
+
+    def get_message_group(self, received: Received) -> str | None:
+        return received.message.message_group or None
 
     def get_receipt_handle(self, received: Received) -> str:
         return received.receipt_handle
@@ -249,6 +262,7 @@ def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
         "topic": source.topic.name,
         "producer_group": half.producer_group.name if half else source.producer_group,
         "tags": source.tags or None,
+        "message_group": source.message_group or None,
         "keys": source.keys,
         "properties": source.properties,
         **body_fields(source),
@@ -293,6 +307,7 @@ class ConsumerGroupOut(serializers.Serializer[Any]):
     name = serializers.CharField()
     max_delivery_attempts = serializers.IntegerField()
     consume_from = serializers.CharField()
+    fifo = serializers.BooleanField()
     topics = serializers.SerializerMethodField(
         help_text="Topics the group may receive from; empty: any topic."
     )
@@ -403,6 +418,7 @@ class MessageTraceOut(serializers.Serializer[Any]):
     topic = serializers.CharField()
     producer_group = serializers.CharField()
     tags = serializers.CharField(allow_null=True)
+    message_group = serializers.CharField(allow_null=True)
     keys = serializers.ListField(child=serializers.CharField())
     properties = serializers.DictField(child=serializers.CharField())
     body = serializers.CharField(required=False, help_text="UTF-8 text, if sent as text")

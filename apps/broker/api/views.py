@@ -185,6 +185,7 @@ class TopicMessagesView(APIView):
         data = validated(inputs.MessageIn, request.data)
         require(request, "produce", data["producer_group"])
         deliver_at = delivery.delivery_time(
+            message=data["message"],
             delay_level=data.get("delay_level"),
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
@@ -218,6 +219,7 @@ class TransactionListView(APIView):
         require(request, "produce", data["producer_group"])
         # Checked now (TXHUB_MAX_DELAY), applied from the commit on.
         delivery.delivery_time(
+            message=data["message"],
             delay_level=data.get("delay_level"),
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),

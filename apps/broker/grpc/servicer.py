@@ -172,21 +172,22 @@ class MessagingService(
                     Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                     "A transactional message has no delivery time.",
                 )
-            if outgoing.message_group:
-                # RocketMQ's proxy calls this message DELAY, not FIFO: its type conflicts
-                # (docs/decisions/0056).
-                raise Refusal(
-                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                    "A message with a message group has no delivery time.",
-                )
             try:
                 deliver_at = delivery.delivery_time(
+                    message=outgoing,
                     delay_level=None,
                     deliver_at=to_datetime(system.delivery_timestamp),
                     start=timezone.now(),
                 )
             except BrokerError as error:
-                raise Refusal(Code.ILLEGAL_DELIVERY_TIME, error.message) from None
+                # A message group with a delivery time: RocketMQ's proxy calls the message DELAY
+                # and refuses its type (docs/decisions/0056).
+                code = (
+                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+                    if "message_group" in error.details
+                    else Code.ILLEGAL_DELIVERY_TIME
+                )
+                raise Refusal(code, error.message) from None
         access.topic_allowed(
             kind="produce",
             group=group,

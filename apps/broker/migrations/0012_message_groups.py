@@ -12,27 +12,27 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="commitlogentry",
             name="message_group",
-            field=models.CharField(blank=True, default="", max_length=128),
+            field=models.CharField(blank=True, db_default="", default="", max_length=128),
         ),
         migrations.AddField(
             model_name="consumergroup",
             name="fifo",
-            field=models.BooleanField(default=False),
+            field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.AddField(
             model_name="delayedmessage",
             name="message_group",
-            field=models.CharField(blank=True, default="", max_length=128),
+            field=models.CharField(blank=True, db_default="", default="", max_length=128),
         ),
         migrations.AddField(
             model_name="delivery",
             name="message_group",
-            field=models.CharField(blank=True, default="", max_length=128),
+            field=models.CharField(blank=True, db_default="", default="", max_length=128),
         ),
         migrations.AddField(
             model_name="halfmessage",
             name="message_group",
-            field=models.CharField(blank=True, default="", max_length=128),
+            field=models.CharField(blank=True, db_default="", default="", max_length=128),
         ),
         migrations.AlterField(
             model_name="delivery",

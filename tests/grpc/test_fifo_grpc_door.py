@@ -18,7 +18,7 @@ from rocketmq.v5.exception import IllegalArgumentException
 from apps.broker.models import CommitLogEntry, HalfMessage
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.grpc.test_python_client import receive_all
-from tests.support.grpc import Telemetry, config, message, signed, start
+from tests.support.grpc import Checker, Telemetry, config, message, signed, start
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +85,7 @@ def test_ordered_transactions_arrive_in_commit_order(
     end(stub, meta, setup.topic, rolled_back, pb.ROLLBACK)
     end(stub, meta, setup.topic, b, pb.COMMIT)
     end(stub, meta, setup.topic, a, pb.COMMIT)
-    producer = start(clients, Producer(config(grpc_server, setup), (setup.topic,)))
+    producer = start(clients, Producer(config(grpc_server, setup), (setup.topic,), Checker()))
     after = producer.send(message(setup.topic, b"after both", message_group=group))
     # The official client refuses a transactional message with a group before sending it.
     with pytest.raises(IllegalArgumentException, match="message_group"):

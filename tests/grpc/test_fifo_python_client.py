@@ -66,11 +66,11 @@ def test_producer_groups_and_simple_consumer_receives_each_group_in_order_with_a
     )
     # While a group's head is in flight nothing else of that group is received: the heads only.
     heads = receive_all(consumer, len(GROUPS), invisible=INVISIBLE)
+    first_receipt = time.monotonic()
     assert sorted((m.message_group, m.message_id) for m in heads) == sorted(
         (group, ids[0]) for group, ids in sent.items()
     )
     assert not consumer.receive(32, INVISIBLE)
-    first_receipt = time.monotonic()
     # Every head but the first group's is acked; that one's invisible time runs out.
     stuck = GROUPS[0]
     log: list[tuple[str, str, int, float]] = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from rocketmq import FilterExpression, Producer, SimpleConsumer
+from rocketmq import Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
@@ -18,7 +18,7 @@ from rocketmq.v5.exception import IllegalArgumentException
 from apps.broker.models import CommitLogEntry, HalfMessage
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.grpc.test_python_client import receive_all
-from tests.support.grpc import Checker, Telemetry, config, message, signed, start
+from tests.support.grpc import Checker, Telemetry, config, consumer_of, message, signed, start
 
 pytestmark = pytest.mark.e2e
 
@@ -93,12 +93,7 @@ def test_ordered_transactions_arrive_in_commit_order(
             message(setup.topic, b"refused", message_group=group), producer.begin_transaction()
         )
 
-    consumer = start(
-        clients,
-        SimpleConsumer(
-            config(grpc_server, setup), setup.consumer, {setup.topic: FilterExpression("*")}, 5
-        ),
-    )
+    consumer = consumer_of(clients, grpc_server, setup, await_duration=5)
     got = []
     for _ in range(3):  # one at a time: the group's next is not received before the ack
         [item] = receive_all(consumer, 1)

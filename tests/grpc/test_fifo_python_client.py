@@ -11,18 +11,15 @@ import pytest
 from rest_framework.test import APIClient
 from rocketmq import (
     ConsumeResult,
-    FilterExpression,
     MessageListener,
     Producer,
-    PushConsumer,
-    SimpleConsumer,
 )
 
 from apps.broker.models import CommitLogEntry, Delivery
 from tests.conftest import client_for
 from tests.grpc.conftest import GrpcServer
 from tests.grpc.test_python_client import receive_all
-from tests.support.grpc import config, message, start
+from tests.support.grpc import config, consumer_of, message, start
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -55,15 +52,7 @@ def test_producer_groups_and_simple_consumer_receives_each_group_in_order_with_a
             group
         )
 
-    consumer = start(
-        clients,
-        SimpleConsumer(
-            config(grpc_server, setup),
-            setup.consumer,
-            {setup.topic: FilterExpression("*")},
-            await_duration=5,
-        ),
-    )
+    consumer = consumer_of(clients, grpc_server, setup, await_duration=5)
     # While a group's head is in flight nothing else of that group is received: the heads only.
     heads = receive_all(consumer, len(GROUPS), invisible=INVISIBLE)
     first_receipt = time.monotonic()
@@ -147,16 +136,7 @@ def test_fifo_push_consumer_retries_in_place_and_its_dead_letter_releases_the_gr
     dead-letter queue; only then is the next message of its group received."""
     setup = rocketmq_setup("-fifo-push", max_delivery_attempts=3, fifo=True)
     listener = OrderedListener()
-    consumer = start(
-        clients,
-        PushConsumer(
-            config(grpc_server, setup),
-            setup.consumer,
-            listener,
-            {setup.topic: FilterExpression("*")},
-            consumption_thread_count=4,
-        ),
-    )
+    consumer = consumer_of(clients, grpc_server, setup, listener, consumption_thread_count=4)
     assert wait_until(lambda: consumer.fifo, timeout=20)  # the settings said fifo = true
     producer = start(clients, Producer(config(grpc_server, setup), (setup.topic,)))
 

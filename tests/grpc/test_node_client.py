@@ -213,7 +213,7 @@ def test_node_fifo_push_consumer_forwards_a_failure_and_the_group_goes_on(
         assert sent.status_code == 201, sent.content
         ids[body] = sent.json()["msg_id"]
 
-    result = run_node(node_client, "fifo_push", grpc_server, setup, expect=3, poison_deliveries=1)
+    result = run_node(node_client, "push", grpc_server, setup, expect=3, poison_deliveries=1)
     assert result["consume_service"] == "FifoConsumeService"  # the settings said fifo = true
     calls: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for call in result["calls"]:

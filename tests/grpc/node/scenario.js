@@ -5,12 +5,11 @@
 //                              open for check-back, answered COMMIT by the transactionChecker
 //   node scenario.js simple    SimpleConsumer: receive EXPECT messages, ack each
 //   node scenario.js push      PushConsumer: bodies starting "poison" fail, others succeed
+//                              (FIFO or not, as the server's settings say)
 //   node scenario.js fifo_produce  sends to the message groups TXHUB_GROUPS, interleaved,
 //                              TXHUB_PER_GROUP each; tries a transaction with a group
 //   node scenario.js fifo_simple   SimpleConsumer in a FIFO group: acks all but the first
 //                              receipt of TXHUB_STUCK (left to expire), until EXPECT acks
-//   node scenario.js fifo_push     PushConsumer in a FIFO group, "poison" fails, until EXPECT
-//                              successes and the poison was seen POISON_DELIVERIES times
 //
 // Settings come from the environment (TXHUB_ENDPOINT, TXHUB_ACCESS_KEY, TXHUB_SECRET_KEY,
 // TXHUB_TOPIC, TXHUB_GROUP, ...). The last stdout line is the result as JSON; the client's own
@@ -47,6 +46,13 @@ const common = () => ({
   },
   requestTimeout: 10000,
   logger,
+});
+
+// A consumer of TXHUB_GROUP subscribed to every tag of TXHUB_TOPIC.
+const consumerOptions = () => ({
+  ...common(),
+  consumerGroup: env('TXHUB_GROUP'),
+  subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
 });
 
 async function produce() {
@@ -101,12 +107,7 @@ async function produce() {
 
 async function simple() {
   const expect = Number(env('TXHUB_EXPECT'));
-  const consumer = new SimpleConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
-    awaitDuration: 5000,
-  });
+  const consumer = new SimpleConsumer({ ...consumerOptions(), awaitDuration: 5000 });
   await consumer.startup();
   const received = [];
   try {
@@ -131,16 +132,18 @@ async function push() {
   const expectGood = Number(env('TXHUB_EXPECT'));
   const poisonDeliveries = Number(env('TXHUB_POISON_DELIVERIES'));
   const seen = {};
+  const calls = [];
   let good = 0;
   let poison = 0;
   const consumer = new PushConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
+    ...consumerOptions(),
     messageListener: {
       async consume(messageView) {
+        const body = messageView.body.toString();
         (seen[messageView.messageId] ??= []).push(messageView.deliveryAttempt);
-        if (messageView.body.toString().startsWith('poison')) {
+        calls.push({ group: messageView.messageGroup, body, attempt: messageView.deliveryAttempt });
+        await sleep(50); // a FIFO group's next message, were it handed out, would overlap
+        if (body.startsWith('poison')) {
           poison += 1;
           return ConsumeResult.FAILURE;
         }
@@ -150,17 +153,19 @@ async function push() {
     },
   });
   await consumer.startup();
+  let service;
   try {
     while (good < expectGood || poison < poisonDeliveries) {
       if (Date.now() > deadline) throw new Error(`push: good ${good}, poison ${poison}`);
       await sleep(100);
     }
-    // Let the last ack / nack reach the server before the consumer leaves.
+    service = consumer.getConsumeService().constructor.name;
+    // Let the last ack / nack / forward reach the server before the consumer leaves.
     await sleep(1000);
   } finally {
     await consumer.shutdown();
   }
-  return { seen };
+  return { seen, calls, consume_service: service };
 }
 
 async function fifoProduce() {
@@ -198,12 +203,7 @@ async function fifoProduce() {
 async function fifoSimple() {
   const expect = Number(env('TXHUB_EXPECT'));
   const stuck = env('TXHUB_STUCK');
-  const consumer = new SimpleConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
-    awaitDuration: 5000,
-  });
+  const consumer = new SimpleConsumer({ ...consumerOptions(), awaitDuration: 5000 });
   await consumer.startup();
   const batches = [];
   let acked = 0;
@@ -232,48 +232,8 @@ async function fifoSimple() {
   return { batches };
 }
 
-async function fifoPush() {
-  const expectGood = Number(env('TXHUB_EXPECT'));
-  const poisonDeliveries = Number(env('TXHUB_POISON_DELIVERIES'));
-  const calls = [];
-  let good = 0;
-  let poison = 0;
-  const consumer = new PushConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
-    messageListener: {
-      async consume(messageView) {
-        const body = messageView.body.toString();
-        calls.push({ group: messageView.messageGroup, body, attempt: messageView.deliveryAttempt });
-        await sleep(50);
-        if (body.startsWith('poison')) {
-          poison += 1;
-          return ConsumeResult.FAILURE;
-        }
-        good += 1;
-        return ConsumeResult.SUCCESS;
-      },
-    },
-  });
-  await consumer.startup();
-  let service;
-  try {
-    while (good < expectGood || poison < poisonDeliveries) {
-      if (Date.now() > deadline) throw new Error(`fifo push: good ${good}, poison ${poison}`);
-      await sleep(100);
-    }
-    service = consumer.getConsumeService().constructor.name;
-    // Let the last ack / forward reach the server before the consumer leaves.
-    await sleep(1000);
-  } finally {
-    await consumer.shutdown();
-  }
-  return { calls, consume_service: service };
-}
-
 const commands = {
-  produce, simple, push, fifo_produce: fifoProduce, fifo_simple: fifoSimple, fifo_push: fifoPush,
+  produce, simple, push, fifo_produce: fifoProduce, fifo_simple: fifoSimple,
 };
 
 (async () => {

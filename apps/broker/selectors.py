@@ -163,7 +163,8 @@ def message_trace(
 
 
 def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
-    """Per topic and queue: the group's offset, what is ready, in flight and dead-lettered."""
+    """Per topic and queue: the group's offset, what is ready, in flight and dead-lettered. A FIFO
+    group's held messages (read, waiting behind their group's head) count as ready."""
     cursors = ConsumerCursor.objects.filter(group=group).select_related("topic")
     counters = {
         (q.topic_id, q.queue_id): q.next_offset
@@ -171,22 +172,24 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
     }
     counts: dict[tuple[int, int], Any] = {
         (row["topic_id"], row["message__queue_id"]): row
-        # In flight or dead-lettered only: those rows are in the group's partial indexes, and the
-        # acked history (most of the table) is read by none (decision 0030).
+        # In flight, held or dead-lettered only: those rows are in the group's partial indexes,
+        # and the acked history (most of the table) is read by none (decision 0030).
         for row in Delivery.objects.filter(
-            group=group, state__in=[DeliveryState.INFLIGHT, DeliveryState.DLQ]
+            group=group,
+            state__in=[DeliveryState.INFLIGHT, DeliveryState.DLQ, DeliveryState.HELD],
         )
         .values("topic_id", "message__queue_id")
         .annotate(
             in_flight=Count("id", filter=Q(state=DeliveryState.INFLIGHT)),
             dlq=Count("id", filter=Q(state=DeliveryState.DLQ)),
+            held=Count("id", filter=Q(state=DeliveryState.HELD)),
         )
     }
     rows = []
     for cursor in sorted(cursors, key=lambda c: (c.topic.name, c.queue_id)):
         key = (cursor.topic_id, cursor.queue_id)
         max_offset = counters.get(key, 0)
-        ready = max(max_offset - cursor.next_offset, 0)
+        ready = max(max_offset - cursor.next_offset, 0) + counts.get(key, {}).get("held", 0)
         in_flight = counts.get(key, {}).get("in_flight", 0)
         rows.append(
             {
@@ -201,6 +204,36 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# A FIFO group's message groups that have messages held, each with its head: the delivery in
+# flight that holds the others (none: the next receive hands the first held one out).
+HELD_GROUPS_SQL = """
+WITH held AS (
+    SELECT topic_id, message_group, count(*) AS held FROM broker_delivery
+    WHERE group_id = %(group)s AND state = 'HELD' GROUP BY topic_id, message_group
+)
+SELECT t.name, held.message_group, held.held, head.msg_id, head.attempts, head.since
+FROM held JOIN broker_topic t ON t.id = held.topic_id
+LEFT JOIN LATERAL (
+    SELECT e.msg_id, d.attempts, d.first_received_at AS since
+    FROM broker_delivery d JOIN broker_commitlogentry e ON e."offset" = d.message_id
+    WHERE d.group_id = %(group)s AND d.topic_id = held.topic_id
+        AND d.message_group = held.message_group AND d.state = 'INFLIGHT'
+    LIMIT 1
+) head ON true
+ORDER BY head.since NULLS LAST, t.name, held.message_group
+LIMIT %(limit)s
+"""
+
+
+def held_message_groups(*, group: ConsumerGroup, limit: int = 200) -> list[dict[str, Any]]:
+    """Oldest first: the topic, the message group, how many messages wait, and the head's
+    message id, attempts and since when it is in flight (docs/decisions/0054)."""
+    with connection.cursor() as cursor:
+        cursor.execute(HELD_GROUPS_SQL, {"group": group.pk, "limit": limit})
+        names = ("topic", "message_group", "held", "head_msg_id", "head_attempts", "since")
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def dlq_list(*, group: ConsumerGroup) -> QuerySet[Delivery]:
@@ -285,7 +318,8 @@ def _checkback_success_since(since: Any) -> dict[str, Any]:
 
 
 CONSUMER_LAG_SQL = """
-SELECT g.name, t.name, COALESCE(r.ready, 0), COALESCE(d.in_flight, 0), COALESCE(d.dlq, 0)
+SELECT g.name, t.name, COALESCE(r.ready, 0) + COALESCE(d.held, 0), COALESCE(d.in_flight, 0),
+    COALESCE(d.dlq, 0)
 FROM (
     SELECT c.group_id, c.topic_id, sum(GREATEST(q.next_offset - c.next_offset, 0)) AS ready
     FROM broker_consumercursor c
@@ -294,8 +328,8 @@ FROM (
 ) r
 FULL JOIN (
     SELECT group_id, topic_id, count(*) FILTER (WHERE state = 'INFLIGHT') AS in_flight,
-        count(*) FILTER (WHERE state = 'DLQ') AS dlq
-    FROM broker_delivery WHERE state IN ('INFLIGHT', 'DLQ') GROUP BY group_id, topic_id
+        count(*) FILTER (WHERE state = 'DLQ') AS dlq, count(*) FILTER (WHERE state = 'HELD') AS held
+    FROM broker_delivery WHERE state IN ('INFLIGHT', 'DLQ', 'HELD') GROUP BY group_id, topic_id
 ) d USING (group_id, topic_id)
 JOIN broker_consumergroup g ON g.id = group_id
 JOIN broker_topic t ON t.id = topic_id

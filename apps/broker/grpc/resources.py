@@ -84,8 +84,8 @@ def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple
     return group, topic_of(topic_name, epoch)
 
 
-# Every message type is accepted on every queue: FIFO too, so that the server, not the client,
-# answers UNSUPPORTED with a sentence (docs/decisions/0021).
+# Every message type is accepted on every queue (txhub topics have no type): the server, not the
+# client, refuses what it refuses, with a sentence (docs/decisions/0021).
 ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 
 

@@ -154,8 +154,6 @@ class MessagingService(
     def _send_one(self, caller: Caller, group: str, message: Any) -> Any:
         """Every limit first (CONTRACT section 3), then one service call."""
         system = message.system_properties
-        if system.HasField("message_group") and system.message_group:
-            raise Refusal(Code.UNSUPPORTED, "FIFO messages (message groups) are not supported.")
         if system.HasField("lite_topic") and system.lite_topic:
             raise Refusal(Code.UNSUPPORTED, "Lite topics are not supported.")
         if system.HasField("priority"):
@@ -184,7 +182,14 @@ class MessagingService(
                     start=timezone.now(),
                 )
             except BrokerError as error:
-                raise Refusal(Code.ILLEGAL_DELIVERY_TIME, error.message) from None
+                # A message group with a delivery time: RocketMQ's proxy calls the message DELAY
+                # and refuses its type (docs/decisions/0056).
+                code = (
+                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+                    if "message_group" in error.details
+                    else Code.ILLEGAL_DELIVERY_TIME
+                )
+                raise Refusal(code, error.message) from None
         access.topic_allowed(
             kind="produce",
             group=group,
@@ -234,6 +239,12 @@ class MessagingService(
                 limits.check_tag(limits.check_text(tag))
         except limits.LimitError as error:
             raise Refusal(Code.ILLEGAL_MESSAGE_TAG, str(error)) from None
+        message_group = system.message_group if system.HasField("message_group") else ""
+        try:
+            if message_group:
+                limits.check_message_group(message_group)
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_MESSAGE_GROUP, str(error)) from None
         keys = list(system.keys)
         properties = dict(message.user_properties)
         try:
@@ -261,6 +272,7 @@ class MessagingService(
             tags=tag,
             keys=keys,
             properties=properties,
+            message_group=message_group,
         )
 
     @unary(rpc.EndTransactionResponse, not_found=Code.INVALID_TRANSACTION_ID)

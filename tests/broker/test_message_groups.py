@@ -275,3 +275,18 @@ def test_a_consumer_group_is_fifo_only_when_asked_with_a_json_boolean(api: APICl
             "invalid_request",
         )
         assert "fifo" in error["details"], error
+
+
+def test_held_messages_count_as_ready_in_the_groups_status_and_lag(
+    api: APIClient, setup_topic: Any
+) -> None:
+    setup_topic(queues=1, fifo=True)
+    for i in range(3):
+        send(api, f"a{i}", group="A")
+    assert bodies(receive(api)) == ["a0"]
+    [queue] = expect(api.get("/api/v1/consumer-groups/billing"), 200)["queues"]
+    assert (queue["ready"], queue["in_flight"], queue["lag"]) == (2, 1, 3), queue
+    from apps.broker import selectors
+
+    [lag] = [row for row in selectors.consumer_lag() if row["group"] == "billing"]
+    assert lag["lag"] == 3, lag

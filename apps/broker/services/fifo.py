@@ -21,6 +21,7 @@ from apps.broker import rows
 from apps.broker.models import CommitLogEntry, ConsumerGroup, Delivery, DeliveryState, Topic
 from apps.broker.services import handles
 from apps.broker.services.queue_reads import ENTRIES_SQL, MOVE_CURSORS_SQL
+from apps.broker.services.sending import notify_receivable
 
 # Entries read past the answer's size from a queue on one receive: what lets a receive step over
 # a stuck group's messages (held, not handed out) to reach the others behind them.
@@ -32,7 +33,8 @@ FREE_HELD = """
     h.state = 'HELD' AND NOT EXISTS (
         SELECT 1 FROM broker_delivery f
         WHERE f.group_id = h.group_id AND f.topic_id = h.topic_id
-            AND f.message_group = h.message_group AND f.state = 'INFLIGHT'
+            AND f.message_group = h.message_group AND f.message_group <> ''
+            AND f.state = 'INFLIGHT'
     )
 """
 _FREE_HELD = f"h.group_id = %(group)s AND h.topic_id = %(topic)s AND {FREE_HELD}"
@@ -61,10 +63,16 @@ RETURNING d.id
 """
 
 # The groups among `groups` that have a delivery in flight or held: their next message waits.
+# Each half reads one of the partial indexes the conditions name (delivery_fifo_head_idx,
+# delivery_held_idx).
 _BUSY_SQL = """
-SELECT DISTINCT message_group FROM broker_delivery
+SELECT message_group FROM broker_delivery
 WHERE group_id = %(group)s AND topic_id = %(topic)s AND message_group = ANY(%(groups)s::varchar[])
-    AND state IN ('INFLIGHT', 'HELD')
+    AND state = 'INFLIGHT' AND message_group <> ''
+UNION
+SELECT message_group FROM broker_delivery
+WHERE group_id = %(group)s AND topic_id = %(topic)s AND message_group = ANY(%(groups)s::varchar[])
+    AND state = 'HELD'
 """
 
 _INSERT_SQL = f"""
@@ -156,6 +164,10 @@ def take_in_order(
             moved.append((cursor_id, last.queue_offset + 1))
     if not moved:
         return []
+    if any(state == DeliveryState.HELD for _, state in chosen):
+        # The head a held message waits for may be acked before this receive commits, whose
+        # NOTIFY then came too early for it: announce the topic again at this commit.
+        notify_receivable(topic_id=topic.pk, what="held")
     return _insert(group, topic, chosen, moved, invisible_until, now)
 
 

@@ -407,6 +407,21 @@ class DelayedMessage(MessageFields):
         return f"{self.msg_id} at {self.deliver_at}"
 
 
+class RecalledMessage(MessageFields):
+    """A delayed message recalled, moved here from broker_delayedmessage (decision 0055)."""
+
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT, related_name="+")
+    producer_group = models.CharField(max_length=127)
+    transaction_id = models.UUIDField(null=True, blank=True, unique=True)
+    deliver_at = models.DateTimeField()  # when it would have been delivered
+    recalled_at = models.DateTimeField(default=timezone.now)
+    recalled_by = models.CharField(max_length=150)  # the token's name
+    door = models.CharField(max_length=16)  # "rest" or "grpc"
+
+    def __str__(self) -> str:
+        return f"{self.msg_id} recalled at {self.recalled_at}"
+
+
 class IdempotencyKey(models.Model):
     """The first answer to a request sent with an `Idempotency-Key` (Stripe's convention): a retry
     with the same key and the same request within TXHUB_IDEMPOTENCY_TTL answers it again and

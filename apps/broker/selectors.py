@@ -25,9 +25,11 @@ from apps.broker.models import (
     OpKind,
     OpRecord,
     ProducerGroup,
+    RecalledMessage,
     ReconciliationRun,
     Topic,
 )
+from apps.broker.services import half_rows
 from apps.broker.services.errors import NotFound
 
 # The lookups every send, prepare and receive makes take `epoch`: the API request's
@@ -85,12 +87,9 @@ def transaction_get(
     *, transaction_id: uuid.UUID, producer_groups: Collection[str] | None = None
 ) -> HalfMessage:
     query = HalfMessage.objects.select_related("topic", "producer_group").prefetch_related("ops")
-    half = query.filter(transaction_id=transaction_id).first()
-    if half is None or (
-        producer_groups is not None and half.producer_group.name not in producer_groups
-    ):
-        raise NotFound(f"Transaction {transaction_id} does not exist.")
-    return half
+    return half_rows.owned(
+        query.filter(transaction_id=transaction_id).first(), transaction_id, producer_groups
+    )
 
 
 def transaction_list(
@@ -120,7 +119,8 @@ def message_trace(
     consumer_groups: Collection[str] | None,
     half: HalfMessage | None = None,
 ) -> dict[str, Any]:
-    """A message wherever it is: half message and its ops, commit-log position, deliveries.
+    """A message wherever it is: half message and its ops, commit-log position, deliveries,
+    or its recall.
     A caller that has already loaded the half message passes it, so it is not read again.
 
     What the caller sees is what its groups cover (None: every group, the admin's view). A
@@ -138,9 +138,13 @@ def message_trace(
         )
     entry = CommitLogEntry.objects.select_related("topic").filter(msg_id=msg_id).first()
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
-    row = entry or delayed
+    # Recalled instead of delivered (docs/decisions/0055): when, by whom, through which door.
+    recalled = None if entry or delayed else RecalledMessage.objects.filter(msg_id=msg_id).first()
+    row = entry or delayed or recalled
     group = half.producer_group.name if half else row.producer_group if row else None
-    producer_view = group is not None and (producer_groups is None or group in producer_groups)
+    producer_view = group is not None and access.producer_group_visible(
+        name=group, producer_groups=producer_groups
+    )
     consumer_view = (
         entry is not None
         and bool(consumer_groups)
@@ -157,6 +161,7 @@ def message_trace(
         "half": half if producer_view else None,
         "entry": entry,
         "delayed": delayed if producer_view else None,
+        "recalled": recalled if producer_view else None,
         "deliveries": list(deliveries.select_related("group").order_by("group__name")),
         "producer_view": producer_view,
     }
@@ -410,6 +415,16 @@ def pending_by_age() -> list[tuple[str, int]]:
 def delayed_list() -> QuerySet[DelayedMessage]:
     """What waits for its delivery time, soonest first (the console's delayed page)."""
     return DelayedMessage.objects.select_related("topic").defer("body").order_by("deliver_at", "id")
+
+
+def recalled_list() -> QuerySet[RecalledMessage]:
+    """Delayed messages recalled before their delivery, latest first (the console's delayed
+    page): when, by whom, through which door (docs/decisions/0055)."""
+    return (
+        RecalledMessage.objects.select_related("topic")
+        .defer("body")
+        .order_by("-recalled_at", "-id")
+    )
 
 
 def reconciliation_runs() -> QuerySet[ReconciliationRun]:

@@ -73,6 +73,18 @@ class SendResult:
 
 
 @dataclass(frozen=True)
+class RecallResult:
+    """A delayed message recalled (now or earlier): it is never delivered."""
+
+    msg_id: str
+    topic: str
+    deliver_at: str  # when it would have been delivered
+    recalled_at: str
+    recalled_by: str  # the token's name
+    door: str  # "rest" or "grpc"
+
+
+@dataclass(frozen=True)
 class TransactionSendResult:
     msg_id: str
     transaction_id: str
@@ -119,6 +131,22 @@ class Producer:
             answer["queue_offset"],
             answer.get("deliver_at"),
             message_group=answer.get("message_group"),
+        )
+
+    def recall(self, msg_id: str) -> RecallResult:
+        """Recalls a delayed message not yet delivered: it never will be. Raises TxhubError 409
+        once it was delivered, 404 for an unknown or another group's message. A repeat answers
+        the first recall, so it is retried like a commit."""
+        answer = self.api.call(
+            "POST", f"/messages/{msg_id}/recall", retries=self.retries, repeatable=True
+        )
+        return RecallResult(
+            answer["msg_id"],
+            answer["topic"],
+            answer["deliver_at"],
+            answer["recalled_at"],
+            answer["recalled_by"],
+            answer["door"],
         )
 
     def send_batch(

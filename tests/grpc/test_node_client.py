@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from apps.broker.models import CommitLogEntry, Delivery, GrpcClient, HalfMessage, OpRecord
+from apps.broker.models import (
+    CommitLogEntry,
+    DelayedMessage,
+    Delivery,
+    GrpcClient,
+    HalfMessage,
+    OpRecord,
+    RecalledMessage,
+)
 from tests.conftest import client_for
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.support.waiting import wait_until
@@ -141,3 +149,18 @@ def test_node_push_consumer_retries_a_failure_then_dead_letters_it(
     [entry] = wait_until(receive_then_list, timeout=30, interval=0.5)
     assert (entry["msg_id"], entry["attempts"]) == (ids["poison pill"], 2)
     assert Delivery.objects.get(message__msg_id=ids["fine"]).state == "ACKED"
+
+
+def test_node_producer_recalls_a_delayed_message_with_its_send_receipts_handle(
+    grpc_server: GrpcServer, rocketmq_setup: Any, node_client: Path
+) -> None:
+    """Node 1.0.8's Producer.recallMessage with SendReceipt.recallHandle (docs/decisions/0055):
+    recalled, and recalled again with the same answer; never delivered."""
+    setup = rocketmq_setup("-node-recall")
+    result = run_node(node_client, "recall", grpc_server, setup)
+    assert result["recalled"] == result["again"] == result["sent"]
+    assert result["handle"]
+    recalled = RecalledMessage.objects.get(msg_id=result["sent"])
+    assert (recalled.door, recalled.producer_group) == ("grpc", setup.producer)
+    assert not DelayedMessage.objects.exists()
+    assert not CommitLogEntry.objects.filter(msg_id=result["sent"]).exists()

@@ -171,9 +171,6 @@ def test_what_txhub_does_not_serve_answers_unsupported(
             rpc.GetOffsetRequest(group=group, message_queue=queue), metadata=meta
         ),
         "QueryOffset": stub.QueryOffset(rpc.QueryOffsetRequest(message_queue=queue), metadata=meta),
-        "RecallMessage": stub.RecallMessage(
-            rpc.RecallMessageRequest(topic=topic, recall_handle="x"), metadata=meta
-        ),
     }
     [pulled] = list(
         stub.PullMessage(rpc.PullMessageRequest(group=group, message_queue=queue), metadata=meta)

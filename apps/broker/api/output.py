@@ -16,6 +16,7 @@ from apps.broker.models import (
     Delivery,
     HalfMessage,
     ProducerGroup,
+    RecalledMessage,
 )
 from apps.broker.services.consuming import Received
 
@@ -248,6 +249,24 @@ class CommitLogPositionOut(serializers.Serializer[Any]):
     stored_at = serializers.DateTimeField()
 
 
+class RecallOut(serializers.Serializer[Any]):
+    """A recall, in a message's trace (docs/decisions/0055)."""
+
+    recalled_at = serializers.DateTimeField()
+    recalled_by = serializers.CharField(help_text="The name of the token that recalled it.")
+    door = serializers.CharField(help_text="`rest` or `grpc`.")
+    deliver_at = serializers.DateTimeField(help_text="When it would have been delivered.")
+
+
+class RecalledOut(RecallOut):
+    """POST /messages/{msg_id}/recall: the message recalled, now or before."""
+
+    msg_id = serializers.CharField()
+    topic = serializers.CharField(source="topic.name")
+    producer_group = serializers.CharField()
+    transaction_id = serializers.UUIDField(allow_null=True)
+
+
 DT = serializers.DateTimeField()
 
 
@@ -255,7 +274,8 @@ def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
     half: HalfMessage | None = trace["half"]
     entry: CommitLogEntry | None = trace["entry"]
     delayed: DelayedMessage | None = trace["delayed"]
-    source: Any = half or entry or delayed
+    recalled: RecalledMessage | None = trace["recalled"]
+    source: Any = half or entry or delayed or recalled
     deliveries: list[Delivery] = trace["deliveries"]
     return {
         "msg_id": source.msg_id,
@@ -270,6 +290,7 @@ def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
         "transaction": TransactionDetailOut(half).data if half else None,
         "commit_log": CommitLogPositionOut(entry).data if entry else None,
         "delayed_until": DT.to_representation(delayed.deliver_at) if delayed else None,
+        "recall": render(RecallOut, recalled) if recalled else None,
         "deliveries": DeliveryOut(deliveries, many=True).data,
     }
 
@@ -430,6 +451,7 @@ class MessageTraceOut(serializers.Serializer[Any]):
     )
     commit_log = CommitLogPositionOut(allow_null=True, help_text="null until it is visible")
     delayed_until = serializers.DateTimeField(allow_null=True)
+    recall = RecallOut(allow_null=True, help_text="null unless it was recalled before its delivery")
     deliveries = DeliveryOut(
         many=True, help_text="Only the consumer groups the caller's token has scopes for."
     )

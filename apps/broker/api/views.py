@@ -31,6 +31,7 @@ from apps.broker.services import (
     dead_letters,
     delivery,
     idempotency,
+    recall,
     sending,
     transactions,
 )
@@ -334,6 +335,17 @@ class MessageDetailView(APIView):
             consumer_groups=user.groups("consume"),
         )
         return Response(output.message_trace_out(trace))
+
+
+class MessageRecallView(APIView):
+    @extend_schema(request=None, responses={200: output.RecalledOut, 409: None, **ERRORS})
+    def post(self, request: Request, msg_id: str) -> Response:
+        """Recalls a delayed message not yet delivered: it never will be. Needs a `produce:`
+        scope of its producer group; another group's message is 404. Delivered already: 409.
+        Recalled already: 200 with that recall (docs/decisions/0055)."""
+        precheck_large_body(request, "produce")
+        recalled = recall.message_recall(msg_id=msg_id, principal=token_user(request), door="rest")
+        return Response(output.render(output.RecalledOut, recalled))
 
 
 # Consumers ---------------------------------------------------------------------------------

@@ -89,10 +89,14 @@ def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple
 ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 
 
+# txhub is one broker to the clients (routes, assignments, recall handles).
+BROKER_NAME = "txhub"
+
+
 def broker_of(endpoints: Any) -> Any:
     """txhub as one broker: the access point the client dialled (every gRPC process serves every
     queue), or the configured one if the client named none."""
     if not endpoints.addresses:
         address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
         endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[address])
-    return pb.Broker(name="txhub", id=0, endpoints=endpoints)
+    return pb.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)

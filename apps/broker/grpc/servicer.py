@@ -24,6 +24,7 @@ from apps.broker.grpc.protocol import (
     status,
     to_datetime,
 )
+from apps.broker.grpc.recall import RecallRpcs, handle_of
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
     as_caller,
@@ -63,11 +64,12 @@ def _heartbeat(caller: Caller, request: Any) -> Any:
 
 class MessagingService(
     ConsumerRpcs,
+    RecallRpcs,
     UnsupportedRpcs,
     rpc_grpc.MessagingServiceServicer,  # type: ignore[misc]
 ):
-    """Routes, liveness and producers here; consumers in consumers.py; what txhub does not
-    serve in unsupported.py."""
+    """Routes, liveness and producers here; consumers in consumers.py; recall in recall.py;
+    what txhub does not serve in unsupported.py."""
 
     def __init__(self, *, process: str) -> None:
         self.process = process
@@ -208,9 +210,14 @@ class MessagingService(
         sent = sending.message_send(
             topic=topic, message=outgoing, deliver_at=deliver_at, msg_id=msg_id
         )
-        return rpc.SendResultEntry(
-            status=status(), message_id=sent.msg_id, offset=sent.queue_offset or 0
-        )
+        entry = rpc.SendResultEntry(status=status(), message_id=sent.msg_id)
+        if sent.queue_offset is None:  # delayed: recallable until delivered (decision 0055)
+            entry.recall_handle = handle_of(
+                topic=topic.name, deliver_at=sent.deliver_at, msg_id=sent.msg_id
+            )
+        else:
+            entry.offset = sent.queue_offset
+        return entry
 
     @staticmethod
     def _outgoing(group: str, message: Any) -> sending.OutgoingMessage:

@@ -5,6 +5,7 @@
 //                              open for check-back, answered COMMIT by the transactionChecker
 //   node scenario.js simple    SimpleConsumer: receive EXPECT messages, ack each
 //   node scenario.js push      PushConsumer: bodies starting "poison" fail, others succeed
+//   node scenario.js recall    a delayed send, recalled with its receipt's recall handle, twice
 //
 // Settings come from the environment (TXHUB_ENDPOINT, TXHUB_ACCESS_KEY, TXHUB_SECRET_KEY,
 // TXHUB_TOPIC, TXHUB_GROUP, ...). The last stdout line is the result as JSON; the client's own
@@ -157,7 +158,27 @@ async function push() {
   return { seen };
 }
 
-const commands = { produce, simple, push };
+async function recall() {
+  const topic = env('TXHUB_TOPIC');
+  const producer = new Producer({ ...common(), topic });
+  await producer.startup();
+  try {
+    const sent = await producer.send({
+      topic, tag: 'TagN', body: Buffer.from('node recalled'),
+      deliveryTimestamp: new Date(Date.now() + 60000),
+    });
+    const first = await producer.recallMessage(topic, sent.recallHandle);
+    const again = await producer.recallMessage(topic, sent.recallHandle);
+    return {
+      sent: sent.messageId, handle: sent.recallHandle,
+      recalled: first.messageId, again: again.messageId,
+    };
+  } finally {
+    await producer.shutdown();
+  }
+}
+
+const commands = { produce, simple, push, recall };
 
 (async () => {
   const command = commands[process.argv[2]];

@@ -52,13 +52,20 @@ ORDER BY message_id
 LIMIT %(limit)s
 """  # noqa: S608 - composed of constants only
 
-# Handed out only if still held: a concurrent receive that released it first wins.
+# Handed out only if still held: a concurrent receive that released it first wins. Lock: the
+# heads are locked in id order, skipping those another receive is releasing; two receives
+# locking overlapping heads in the orders their plans chose would deadlock.
 _RELEASE_SQL = """
+WITH locked AS (
+    SELECT id FROM broker_delivery WHERE id = ANY(%(ids)s::bigint[]) AND state = 'HELD'
+    ORDER BY id FOR UPDATE SKIP LOCKED
+)
 UPDATE broker_delivery d SET state = 'INFLIGHT', attempts = d.attempts + 1,
     invisible_until = %(until)s, handle_token = r.token, last_received_at = %(now)s,
     first_received_at = coalesce(d.first_received_at, %(now)s)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::varchar[]) AS r(id, token)
-WHERE d.id = r.id AND d.state = 'HELD'
+FROM locked JOIN unnest(%(ids)s::bigint[], %(tokens)s::varchar[]) AS r(id, token)
+    ON r.id = locked.id
+WHERE d.id = locked.id
 RETURNING d.id
 """
 

@@ -6,6 +6,7 @@ Prints (bench/README.md explains every line):
 - txhub single-message end to end at 4/8/16/32 producers, and `txhub / ceiling: N %`,
 - `batched / ceiling: N x` (64 per request: prepare+commit batches and send batches),
 - server CPU per message, single and batched, split web / Postgres / Celery (bench/cpu.py),
+- a FIFO consumer group with 1,000 message groups, without groups and with one (bench/fifo.py),
 - idle cost of 500 waiting consumers and commit -> waiting consumer latency (bench/long_poll.py
   when present, else bench/waiting.py),
 - the same workload through Django transaction.on_commit + Celery (bench/oncommit/),
@@ -128,10 +129,11 @@ def run_load(
     seconds: float,
     produce_one: Callable[[Client, str], int],
     data_dir: str,
+    consumers: int = 2,
 ) -> dict[str, float]:
-    """`producers` threads call produce_one until `seconds` have passed; two consumers receive
-    (32 at a time, waiting up to 1 s) and ack in batches until every message produced is acked.
-    The rate is messages over the time until the last ack."""
+    """`producers` threads call produce_one until `seconds` have passed; `consumers` consumers
+    receive (32 at a time, waiting up to 1 s) and ack in batches until every message produced
+    is acked. The rate is messages over the time until the last ack."""
     produced = 0
     received = 0
     lock = threading.Lock()
@@ -176,15 +178,15 @@ def run_load(
     before = cpu.sample(ROOT, data_dir)
     started = time.perf_counter()
     threads = [threading.Thread(target=produce) for _ in range(producers)]
-    consumers = [threading.Thread(target=consume) for _ in range(2)]
-    for thread in [*threads, *consumers]:
+    consuming = [threading.Thread(target=consume) for _ in range(consumers)]
+    for thread in [*threads, *consuming]:
         thread.start()
     time.sleep(seconds)
     stop_producing.set()
     for thread in threads:
         thread.join()
     done_producing.set()
-    for thread in consumers:
+    for thread in consuming:
         thread.join()
     # Up to the last ack, not the consumers' exit (an idle one returns from its 1 s wait later).
     elapsed = max(last_ack[0], started + seconds) - started
@@ -283,33 +285,34 @@ def run_waiting(url: str, token: str, consumers: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.strip()]
 
 
-def run_oncommit(seconds: float, producers: int) -> list[str]:
-    command = [sys.executable, str(ROOT / "bench" / "oncommit" / "run.py")]
-    command += ["--seconds", str(seconds), "--producers", str(producers)]
+def run_program(label: str, program: str, *args: str) -> list[str]:
+    """Another bench program (bench/<program>), its own lines; a failure is one FAILED line."""
+    command = [sys.executable, str(ROOT / "bench" / program), *args]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        return [f"{FAILED}oncommit ({result.returncode}): {result.stderr.strip()[-600:]}"]
+        return [f"{FAILED}{label} ({result.returncode}): {result.stderr.strip()[-600:]}"]
     return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def run_oncommit(seconds: float, producers: int) -> list[str]:
+    return run_program(
+        "oncommit", "oncommit/run.py", "--seconds", str(seconds), "--producers", str(producers)
+    )
 
 
 def run_junk(url: str, seconds: float) -> list[str]:
-    """bench/junk_tokens.py: producers alone and beside a junk-token flood, its own lines."""
-    command = [sys.executable, str(ROOT / "bench" / "junk_tokens.py"), "--url", url]
-    command += ["--seconds", str(seconds)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        return [f"{FAILED}junk_tokens ({result.returncode}): {result.stderr.strip()[-600:]}"]
-    return [line for line in result.stdout.splitlines() if line.strip()]
+    """bench/junk_tokens.py: producers alone and beside a junk-token flood."""
+    return run_program("junk_tokens", "junk_tokens.py", "--url", url, "--seconds", str(seconds))
+
+
+def run_fifo(url: str, seconds: float) -> list[str]:
+    """bench/fifo.py: a FIFO consumer group with 1,000 message groups, none and one."""
+    return run_program("fifo", "fifo.py", "--url", url, "--seconds", str(seconds))
 
 
 def run_grpc(url: str, seconds: float) -> list[str]:
-    """bench/grpc_send.py: the gRPC door (official Python client) against REST, its own line."""
-    command = [sys.executable, str(ROOT / "bench" / "grpc_send.py"), "--url", url]
-    command += ["--seconds", str(seconds)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        return [f"{FAILED}grpc_send ({result.returncode}): {result.stderr.strip()[-600:]}"]
-    return [line for line in result.stdout.splitlines() if line.strip()]
+    """bench/grpc_send.py: the gRPC door (official Python client) against REST."""
+    return run_program("grpc_send", "grpc_send.py", "--url", url, "--seconds", str(seconds))
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:
@@ -325,7 +328,9 @@ def main() -> None:
     parser.add_argument("--pgbench-seconds", type=int, default=6)
     parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: batched,grpc,junk,waiting,oncommit,failpoints"
+        "--skip",
+        default="",
+        help="comma-separated: batched,fifo,grpc,junk,waiting,oncommit,failpoints",
     )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -422,6 +427,8 @@ def main() -> None:
     if "batched" not in skip and not any(r["batched_rate"] != r["batched_rate"] for r in runs):
         print(f"server CPU, batched:  {split('batched_')}")
     steps: list[list[str]] = []
+    if "fifo" not in skip:
+        steps.append(run_fifo(args.url, args.seconds))
     if "grpc" not in skip:
         steps.append(run_grpc(args.url, args.seconds))
     if "junk" not in skip:

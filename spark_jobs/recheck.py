@@ -25,11 +25,18 @@ HALF_BY_ID = (
 HAS_OP = "EXISTS (SELECT 1 FROM broker_oprecord o WHERE o.half_id = h.id AND o.op = '{op}')"
 IN_LOG = "EXISTS (SELECT 1 FROM broker_commitlogentry l WHERE l.transaction_id = h.transaction_id)"
 DELAYED = "EXISTS (SELECT 1 FROM broker_delayedmessage d WHERE d.transaction_id = h.transaction_id)"
+# A committed delayed transaction recalled before its delivery (docs/decisions/0055) is in
+# neither the log nor the delayed table, and nothing was lost.
+RECALLED = (
+    "EXISTS (SELECT 1 FROM broker_recalledmessage r WHERE r.transaction_id = h.transaction_id)"
+)
 
 # Each query takes the candidates' keys and returns those for which the finding still holds.
 # Composed of constants only; the keys are bound by the server.
 STILL_TRUE = {
-    "LOST_COMMIT": HALF_BY_ID + HAS_OP.format(op="COMMIT") + f" AND NOT {IN_LOG} AND NOT {DELAYED}",
+    "LOST_COMMIT": HALF_BY_ID
+    + HAS_OP.format(op="COMMIT")
+    + f" AND NOT {IN_LOG} AND NOT {DELAYED} AND NOT {RECALLED}",
     "LEAKED_ROLLBACK": HALF_BY_ID
     + HAS_OP.format(op="ROLLBACK")
     + f" AND {IN_LOG} AND NOT "

@@ -195,6 +195,13 @@ def topic_allowed(*, kind: Kind, group: str, topic: str, epoch: str | None = Non
         )
 
 
+def producer_group_visible(*, name: str, producer_groups: Collection[str] | None) -> bool:
+    """Whether a caller whose produce scopes name `producer_groups` (None: every group, an admin
+    or an operator) may see or resolve a transaction of the producer group `name`. What it may
+    not see answers as if it did not exist (decision 0046)."""
+    return producer_groups is None or name in producer_groups
+
+
 def topic_readable(*, consumer_groups: Collection[str], topic: Topic) -> bool:
     """Whether one of these existing consumer groups may receive from `topic` (unbound, or
     bound to it): the same rule as topic_allowed, over several groups at once."""

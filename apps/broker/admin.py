@@ -155,7 +155,8 @@ class ProducerGroupAdmin(BoundTopicsAdmin):
 
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(BoundTopicsAdmin):
-    list_display = ("name", "max_delivery_attempts", "consume_from", "bound_topics")
+    list_display = ("name", "fifo", "max_delivery_attempts", "consume_from", "bound_topics")
+    list_filter = ("fifo",)
 
 
 @admin.register(ApiToken)

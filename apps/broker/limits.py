@@ -22,6 +22,7 @@ ROW_ID_PATTERN = r"[0-9]{1,18}"
 RESERVED_PREFIXES = ("rmq_sys_", "txhub_")
 MAX_NAME_CHARS = 127
 MAX_TAG_CHARS = 128
+MAX_MESSAGE_GROUP_CHARS = 128
 # An operator's or producer's reason for a resolution, kept in the op record.
 MAX_REASON_CHARS = 2000
 # A token's name and scopes.
@@ -73,6 +74,11 @@ TAG_EXPRESSION_SCHEMA_PATTERN = (
 )
 # A name (check_name) that does not start with a reserved prefix, in any case.
 RESERVED_SCHEMA_PATTERN = r"^(?:[Rr][Mm][Qq]_[Ss][Yy][Ss]_|[Tt][Xx][Hh][Uu][Bb]_)"
+# A message group (check_message_group): no control characters (C0, DEL, C1), not blank; its
+# length: MAX_MESSAGE_GROUP_CHARS (docs/decisions/0054).
+_CONTROL = r"\u0000-\u001f\u007f-\u009f"
+MESSAGE_GROUP_SCHEMA_PATTERN = rf"^[^{_CONTROL}]*[^{_CONTROL}{WHITESPACE}][^{_CONTROL}]*$"
+MESSAGE_GROUP_RE = re.compile(MESSAGE_GROUP_SCHEMA_PATTERN)
 SCOPE_PATTERN = rf"admin|(?:produce|consume):{NAME_PATTERN}"
 SCOPE_RE = re.compile(SCOPE_PATTERN)
 # Standard base64 with its padding (what base64.b64decode(validate=True) takes), at least 1 byte.
@@ -154,6 +160,16 @@ def check_tag(value: str) -> str:
         raise LimitError("A tag must not contain '|'.")
     if len(value) > MAX_TAG_CHARS:
         raise LimitError(f"A tag has at most {MAX_TAG_CHARS} characters.")
+    return value
+
+
+def check_message_group(value: str) -> str:
+    """A message group (FIFO order, docs/decisions/0054): 1-128 printable characters."""
+    check_text(value)
+    if not 1 <= len(value) <= MAX_MESSAGE_GROUP_CHARS:
+        raise LimitError(f"A message group has 1 to {MAX_MESSAGE_GROUP_CHARS} characters.")
+    if not MESSAGE_GROUP_RE.fullmatch(value):
+        raise LimitError("A message group must not be blank or contain control characters.")
     return value
 
 

@@ -78,6 +78,8 @@ class ConsumerGroup(models.Model):
         max_length=8, choices=ConsumeFrom.choices, default=ConsumeFrom.FIRST
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # Receives each message group's messages in order, one at a time (docs/decisions/0054).
+    fifo = models.BooleanField(default=False, db_default=False)
     # The topics this group may receive from; none bound = any topic (docs/decisions/0010).
     topics = models.ManyToManyField(Topic, blank=True, related_name="consumer_groups")
 
@@ -158,6 +160,9 @@ class MessageFields(models.Model):
     body = models.BinaryField()
     body_is_binary = models.BooleanField(default=False)
     born_at = models.DateTimeField(default=timezone.now)
+    # Its message group ("" for none): one group's messages share a queue, in commit order, and
+    # a FIFO consumer group receives them one at a time (docs/decisions/0054).
+    message_group = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         abstract = True
@@ -322,6 +327,9 @@ class DeliveryState(models.TextChoices):
     INFLIGHT = "INFLIGHT"  # received, or waiting to be received again once invisible_until passes
     ACKED = "ACKED"
     DLQ = "DLQ"
+    # A FIFO group's message read in its message group's order, behind an earlier one that is not
+    # yet acked or dead-lettered: handed out when that one is (docs/decisions/0054).
+    HELD = "HELD"
 
 
 class Delivery(models.Model):
@@ -352,6 +360,8 @@ class Delivery(models.Model):
     last_received_at = models.DateTimeField(null=True, blank=True)
     acked_at = models.DateTimeField(null=True, blank=True)
     dlq_at = models.DateTimeField(null=True, blank=True)
+    # The message's group, in a FIFO consumer group only ("" otherwise; decision 0054).
+    message_group = models.CharField(max_length=128, blank=True, default="", db_default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["message", "group"], name="delivery_unique")]
@@ -363,6 +373,17 @@ class Delivery(models.Model):
             ),
             models.Index(
                 fields=["group", "dlq_at"], name="delivery_dlq_idx", condition=Q(state="DLQ")
+            ),
+            # A FIFO group's message groups: the held messages in order, and the heads.
+            models.Index(
+                fields=["group", "topic", "message_group", "message"],
+                name="delivery_held_idx",
+                condition=Q(state="HELD"),
+            ),
+            models.Index(
+                fields=["group", "topic", "message_group"],
+                name="delivery_fifo_head_idx",
+                condition=Q(state="INFLIGHT") & ~Q(message_group=""),
             ),
         ]
 
@@ -386,50 +407,19 @@ class DelayedMessage(MessageFields):
         return f"{self.msg_id} at {self.deliver_at}"
 
 
-class RunStatus(models.TextChoices):
-    RUNNING = "RUNNING"
-    OK = "OK"  # finished, nothing disagrees
-    FINDINGS = "FINDINGS"  # finished, something disagrees: see the findings
-    FAILED = "FAILED"  # did not finish: see `error`
+class RecalledMessage(MessageFields):
+    """A delayed message recalled, moved here from broker_delayedmessage (decision 0055)."""
 
-
-class ReconciliationRun(models.Model):
-    """One run of the nightly reconciliation (spark_jobs/reconcile.py), kept even if it failed."""
-
-    day = models.DateField()
-    master = models.CharField(max_length=200)
-    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
-    started_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    # Rows read per table, candidates, findings per kind, seconds per phase.
-    counts = models.JSONField(default=dict, blank=True)
-    # Per producer group and topic: committed, rolled back, by whom, parked, time to resolution.
-    summary = models.JSONField(default=list, blank=True)
-    error = models.TextField(blank=True)
-
-    class Meta:
-        indexes = [models.Index(fields=["-started_at"], name="reconcile_run_started_idx")]
+    topic = models.ForeignKey(Topic, on_delete=models.PROTECT, related_name="+")
+    producer_group = models.CharField(max_length=127)
+    transaction_id = models.UUIDField(null=True, blank=True, unique=True)
+    deliver_at = models.DateTimeField()  # when it would have been delivered
+    recalled_at = models.DateTimeField(default=timezone.now)
+    recalled_by = models.CharField(max_length=150)  # the token's name
+    door = models.CharField(max_length=16)  # "rest" or "grpc"
 
     def __str__(self) -> str:
-        return f"{self.day} {self.status}"
-
-
-class ReconciliationFinding(models.Model):
-    """One disagreement between half messages, op records and the commit log."""
-
-    run = models.ForeignKey(ReconciliationRun, on_delete=models.CASCADE, related_name="findings")
-    kind = models.CharField(max_length=32)
-    transaction_id = models.UUIDField(null=True, blank=True)
-    half_id = models.BigIntegerField(null=True, blank=True)
-    log_offset = models.BigIntegerField(null=True, blank=True)
-    delayed_id = models.BigIntegerField(null=True, blank=True)
-    explanation = models.TextField()
-
-    class Meta:
-        indexes = [models.Index(fields=["run", "kind"], name="finding_run_kind_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.transaction_id}"
+        return f"{self.msg_id} recalled at {self.recalled_at}"
 
 
 class IdempotencyKey(models.Model):
@@ -497,3 +487,13 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.target} by {self.actor}"
+
+
+# Defined apart to keep this module small; part of the broker app all the same.
+from apps.broker.models_reconciliation import (  # noqa: E402
+    ReconciliationFinding as ReconciliationFinding,
+)
+from apps.broker.models_reconciliation import (  # noqa: E402
+    ReconciliationRun as ReconciliationRun,
+)
+from apps.broker.models_reconciliation import RunStatus as RunStatus  # noqa: E402

@@ -25,9 +25,11 @@ from apps.broker.models import (
     OpKind,
     OpRecord,
     ProducerGroup,
+    RecalledMessage,
     ReconciliationRun,
     Topic,
 )
+from apps.broker.services import half_rows
 from apps.broker.services.errors import NotFound
 
 # The lookups every send, prepare and receive makes take `epoch`: the API request's
@@ -85,12 +87,9 @@ def transaction_get(
     *, transaction_id: uuid.UUID, producer_groups: Collection[str] | None = None
 ) -> HalfMessage:
     query = HalfMessage.objects.select_related("topic", "producer_group").prefetch_related("ops")
-    half = query.filter(transaction_id=transaction_id).first()
-    if half is None or (
-        producer_groups is not None and half.producer_group.name not in producer_groups
-    ):
-        raise NotFound(f"Transaction {transaction_id} does not exist.")
-    return half
+    return half_rows.owned(
+        query.filter(transaction_id=transaction_id).first(), transaction_id, producer_groups
+    )
 
 
 def transaction_list(
@@ -120,7 +119,8 @@ def message_trace(
     consumer_groups: Collection[str] | None,
     half: HalfMessage | None = None,
 ) -> dict[str, Any]:
-    """A message wherever it is: half message and its ops, commit-log position, deliveries.
+    """A message wherever it is: half message and its ops, commit-log position, deliveries,
+    or its recall.
     A caller that has already loaded the half message passes it, so it is not read again.
 
     What the caller sees is what its groups cover (None: every group, the admin's view). A
@@ -138,9 +138,13 @@ def message_trace(
         )
     entry = CommitLogEntry.objects.select_related("topic").filter(msg_id=msg_id).first()
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
-    row = entry or delayed
+    # Recalled instead of delivered (docs/decisions/0055): when, by whom, through which door.
+    recalled = None if entry or delayed else RecalledMessage.objects.filter(msg_id=msg_id).first()
+    row = entry or delayed or recalled
     group = half.producer_group.name if half else row.producer_group if row else None
-    producer_view = group is not None and (producer_groups is None or group in producer_groups)
+    producer_view = group is not None and access.producer_group_visible(
+        name=group, producer_groups=producer_groups
+    )
     consumer_view = (
         entry is not None
         and bool(consumer_groups)
@@ -157,13 +161,15 @@ def message_trace(
         "half": half if producer_view else None,
         "entry": entry,
         "delayed": delayed if producer_view else None,
+        "recalled": recalled if producer_view else None,
         "deliveries": list(deliveries.select_related("group").order_by("group__name")),
         "producer_view": producer_view,
     }
 
 
 def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
-    """Per topic and queue: the group's offset, what is ready, in flight and dead-lettered."""
+    """Per topic and queue: the group's offset, what is ready, in flight and dead-lettered. A FIFO
+    group's held messages (read, waiting behind their group's head) count as ready."""
     cursors = ConsumerCursor.objects.filter(group=group).select_related("topic")
     counters = {
         (q.topic_id, q.queue_id): q.next_offset
@@ -171,22 +177,24 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
     }
     counts: dict[tuple[int, int], Any] = {
         (row["topic_id"], row["message__queue_id"]): row
-        # In flight or dead-lettered only: those rows are in the group's partial indexes, and the
-        # acked history (most of the table) is read by none (decision 0030).
+        # In flight, held or dead-lettered only: those rows are in the group's partial indexes,
+        # and the acked history (most of the table) is read by none (decision 0030).
         for row in Delivery.objects.filter(
-            group=group, state__in=[DeliveryState.INFLIGHT, DeliveryState.DLQ]
+            group=group,
+            state__in=[DeliveryState.INFLIGHT, DeliveryState.DLQ, DeliveryState.HELD],
         )
         .values("topic_id", "message__queue_id")
         .annotate(
             in_flight=Count("id", filter=Q(state=DeliveryState.INFLIGHT)),
             dlq=Count("id", filter=Q(state=DeliveryState.DLQ)),
+            held=Count("id", filter=Q(state=DeliveryState.HELD)),
         )
     }
     rows = []
     for cursor in sorted(cursors, key=lambda c: (c.topic.name, c.queue_id)):
         key = (cursor.topic_id, cursor.queue_id)
         max_offset = counters.get(key, 0)
-        ready = max(max_offset - cursor.next_offset, 0)
+        ready = max(max_offset - cursor.next_offset, 0) + counts.get(key, {}).get("held", 0)
         in_flight = counts.get(key, {}).get("in_flight", 0)
         rows.append(
             {
@@ -201,6 +209,36 @@ def consumer_group_status(*, group: ConsumerGroup) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# A FIFO group's message groups that have messages held, each with its head: the delivery in
+# flight that holds the others (none: the next receive hands the first held one out).
+HELD_GROUPS_SQL = """
+WITH held AS (
+    SELECT topic_id, message_group, count(*) AS held FROM broker_delivery
+    WHERE group_id = %(group)s AND state = 'HELD' GROUP BY topic_id, message_group
+)
+SELECT t.name, held.message_group, held.held, head.msg_id, head.attempts, head.since
+FROM held JOIN broker_topic t ON t.id = held.topic_id
+LEFT JOIN LATERAL (
+    SELECT e.msg_id, d.attempts, d.first_received_at AS since
+    FROM broker_delivery d JOIN broker_commitlogentry e ON e."offset" = d.message_id
+    WHERE d.group_id = %(group)s AND d.topic_id = held.topic_id
+        AND d.message_group = held.message_group AND d.state = 'INFLIGHT'
+    LIMIT 1
+) head ON true
+ORDER BY head.since NULLS LAST, t.name, held.message_group
+LIMIT %(limit)s
+"""
+
+
+def held_message_groups(*, group: ConsumerGroup, limit: int = 200) -> list[dict[str, Any]]:
+    """Oldest first: the topic, the message group, how many messages wait, and the head's
+    message id, attempts and since when it is in flight (docs/decisions/0054)."""
+    with connection.cursor() as cursor:
+        cursor.execute(HELD_GROUPS_SQL, {"group": group.pk, "limit": limit})
+        names = ("topic", "message_group", "held", "head_msg_id", "head_attempts", "since")
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def dlq_list(*, group: ConsumerGroup) -> QuerySet[Delivery]:
@@ -285,7 +323,8 @@ def _checkback_success_since(since: Any) -> dict[str, Any]:
 
 
 CONSUMER_LAG_SQL = """
-SELECT g.name, t.name, COALESCE(r.ready, 0), COALESCE(d.in_flight, 0), COALESCE(d.dlq, 0)
+SELECT g.name, t.name, COALESCE(r.ready, 0) + COALESCE(d.held, 0), COALESCE(d.in_flight, 0),
+    COALESCE(d.dlq, 0)
 FROM (
     SELECT c.group_id, c.topic_id, sum(GREATEST(q.next_offset - c.next_offset, 0)) AS ready
     FROM broker_consumercursor c
@@ -294,8 +333,8 @@ FROM (
 ) r
 FULL JOIN (
     SELECT group_id, topic_id, count(*) FILTER (WHERE state = 'INFLIGHT') AS in_flight,
-        count(*) FILTER (WHERE state = 'DLQ') AS dlq
-    FROM broker_delivery WHERE state IN ('INFLIGHT', 'DLQ') GROUP BY group_id, topic_id
+        count(*) FILTER (WHERE state = 'DLQ') AS dlq, count(*) FILTER (WHERE state = 'HELD') AS held
+    FROM broker_delivery WHERE state IN ('INFLIGHT', 'DLQ', 'HELD') GROUP BY group_id, topic_id
 ) d USING (group_id, topic_id)
 JOIN broker_consumergroup g ON g.id = group_id
 JOIN broker_topic t ON t.id = topic_id
@@ -376,6 +415,16 @@ def pending_by_age() -> list[tuple[str, int]]:
 def delayed_list() -> QuerySet[DelayedMessage]:
     """What waits for its delivery time, soonest first (the console's delayed page)."""
     return DelayedMessage.objects.select_related("topic").defer("body").order_by("deliver_at", "id")
+
+
+def recalled_list() -> QuerySet[RecalledMessage]:
+    """Delayed messages recalled before their delivery, latest first (the console's delayed
+    page): when, by whom, through which door (docs/decisions/0055)."""
+    return (
+        RecalledMessage.objects.select_related("topic")
+        .defer("body")
+        .order_by("-recalled_at", "-id")
+    )
 
 
 def reconciliation_runs() -> QuerySet[ReconciliationRun]:

@@ -53,6 +53,7 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from apps.broker import access
+from apps.broker.services import fifo
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ APPLICATION_NAME = "txhub-wakeups"
 
 # Which (topic, group) pairs, among those given, have something receivable and how much: new
 # offsets beyond the group's cursors, and in-flight messages whose invisible time is over.
-RECEIVABLE_SQL = """
+RECEIVABLE_SQL = f"""
 WITH w(topic_id, group_id) AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
 SELECT c.topic_id, c.group_id, sum(q.next_offset - c.next_offset)::bigint
 FROM w
@@ -77,7 +78,13 @@ FROM w
 JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
 WHERE d.state = 'INFLIGHT' AND d.invisible_until <= now()
 GROUP BY d.topic_id, d.group_id
-"""
+UNION ALL
+SELECT h.topic_id, h.group_id, count(*)
+FROM w
+JOIN broker_delivery h ON h.topic_id = w.topic_id AND h.group_id = w.group_id
+WHERE {fifo.FREE_HELD}
+GROUP BY h.topic_id, h.group_id
+"""  # noqa: S608 - composed of constants only
 
 
 # The payload of a revocation on RECEIVABLE_CHANNEL (services/registry.token_revoke).

@@ -108,6 +108,11 @@ class ConsumerGroupForm(forms.Form):
         initial=limits.DEFAULT_DELIVERY_ATTEMPTS,
     )
     consume_from = forms.ChoiceField(choices=ConsumeFrom.choices, initial=ConsumeFrom.FIRST)
+    fifo = forms.BooleanField(
+        required=False,
+        label="FIFO",
+        help_text="Receive each message group's messages in order, one at a time (set once).",
+    )
 
 
 class ConsumerGroupEditForm(forms.Form):

@@ -242,6 +242,7 @@ def consumer_group_detail(request: HttpRequest, name: str) -> HttpResponse:
         {
             "group": group,
             "status": selectors.consumer_group_status(group=group),
+            "held": selectors.held_message_groups(group=group) if group.fifo else [],
             "dlq": selectors.dlq_list(group=group)[:200],
             "consumers": clients.clients_connected(group=group.name).exclude(
                 client_type="PRODUCER"

@@ -67,7 +67,8 @@ def overview(request: HttpRequest) -> HttpResponse:
 @viewer_required
 def delayed_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(selectors.delayed_list(), 50).get_page(request.GET.get("page"))
-    return render(request, "console/delayed.html", {"page": page})
+    recalled = selectors.recalled_list()[:50]
+    return render(request, "console/delayed.html", {"page": page, "recalled": recalled})
 
 
 @viewer_required

@@ -26,11 +26,12 @@ class ReceivedMessage:
     stored_at: str
     delivery_attempt: int
     transaction_id: str | None
+    message_group: str | None = None  # in a FIFO group: one at a time, in order
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ReceivedMessage":
         body = data["body"] if "body" in data else base64.b64decode(data["body_base64"])
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "body"}
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "body" and k in data}
         return cls(body=body, **fields)
 
 

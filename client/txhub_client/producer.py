@@ -31,6 +31,8 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     delay_level: int | None = None  # 1..18: 1s 5s 10s 30s 1m ... 2h
     deliver_at: datetime | None = None  # timezone-aware
+    # Messages of one group are received in order by a FIFO consumer group; never delayed.
+    message_group: str | None = None
     # Sent as Idempotency-Key: retries of this message never store it twice. A random one is made
     # when unset; set your own (e.g. "order-9527-created") to be safe across process restarts.
     idempotency_key: str | None = None
@@ -54,6 +56,8 @@ class Message:
             data["delay_level"] = self.delay_level
         if self.deliver_at is not None:
             data["deliver_at"] = self.deliver_at.isoformat()
+        if self.message_group is not None:
+            data["message_group"] = self.message_group
         return data
 
 
@@ -65,6 +69,19 @@ class SendResult:
     queue_offset: int | None
     deliver_at: str | None
     status: str = "SEND_OK"
+    message_group: str | None = None
+
+
+@dataclass(frozen=True)
+class RecallResult:
+    """A delayed message recalled (now or earlier): it is never delivered."""
+
+    msg_id: str
+    topic: str
+    deliver_at: str  # when it would have been delivered
+    recalled_at: str
+    recalled_by: str  # the token's name
+    door: str  # "rest" or "grpc"
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,23 @@ class Producer:
             answer["queue_id"],
             answer["queue_offset"],
             answer.get("deliver_at"),
+            message_group=answer.get("message_group"),
+        )
+
+    def recall(self, msg_id: str) -> RecallResult:
+        """Recalls a delayed message not yet delivered: it never will be. Raises TxhubError 409
+        once it was delivered, 404 for an unknown or another group's message. A repeat answers
+        the first recall, so it is retried like a commit."""
+        answer = self.api.call(
+            "POST", f"/messages/{msg_id}/recall", retries=self.retries, repeatable=True
+        )
+        return RecallResult(
+            answer["msg_id"],
+            answer["topic"],
+            answer["deliver_at"],
+            answer["recalled_at"],
+            answer["recalled_by"],
+            answer["door"],
         )
 
     def send_batch(
@@ -138,6 +172,7 @@ class Producer:
                     sent["queue_id"],
                     sent["queue_offset"],
                     sent.get("deliver_at"),
+                    message_group=sent.get("message_group"),
                 )
             )
         return results

@@ -271,6 +271,11 @@ MESSAGE_FIELDS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("property key", ("properties", None), STRINGS),
     ("deliver_at", ("deliver_at",), STRINGS),
     ("delay_level", ("delay_level",), INTS),
+    (
+        "message_group",
+        ("message_group",),
+        {**STRINGS, "blank": " ", "control": "a\x1fb", "overlong": "g" * 129, "number": 7},
+    ),
 ]
 OTHER_FIELDS: list[tuple[str, str, str, dict[str, Any], tuple[Any, ...], dict[str, Any]]] = [
     ("prepare topic", "POST", "/api/v1/transactions", TX, ("topic",), NAMES),
@@ -317,6 +322,14 @@ OTHER_FIELDS: list[tuple[str, str, str, dict[str, Any], tuple[Any, ...], dict[st
         {"name": "c"},
         ("consume_from",),
         STRINGS,
+    ),
+    (
+        "fifo",
+        "POST",
+        "/api/v1/consumer-groups",
+        {"name": "c"},
+        ("fifo",),
+        {"string": "true", "one": 1, "null": None, "list": [True]},
     ),
     (
         "token name",

@@ -250,6 +250,25 @@ def test_plain_requests_are_answered_by_the_lean_door_exactly_as_by_django(
             403,
         ),
         (
+            f"{PREFIX}/topics/lean/messages",
+            {"producer_group": "lean-p", "body": "x", "message_group": "order-9527"},
+            headers_for(producer),
+            201,
+        ),
+        (
+            f"{PREFIX}/topics/lean/messages",
+            {"producer_group": "lean-p", "body": "x", "message_group": "g", "delay_level": 2},
+            headers_for(producer),
+            400,
+        ),
+        (
+            f"{PREFIX}/transactions",
+            {**message, "message_group": "order-9527"},
+            headers_for(producer),
+            201,
+        ),
+        (f"{PREFIX}/transactions", {**message, "message_group": " "}, headers_for(producer), 400),
+        (
             f"{PREFIX}/topics/lean/messages:batch",
             {"producer_group": "lean-p", "messages": [{"body": "a"}, {"body": "b"}]},
             headers_for(producer),

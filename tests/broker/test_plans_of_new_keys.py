@@ -129,4 +129,9 @@ def test_the_indexes_led_by_the_group_on_deliveries_hold_only_what_it_holds_now(
             "WHERE i.indrelid = 'broker_delivery'::regclass AND a.attname = 'group_id'"
         )
         led_by_group = dict(cursor.fetchall())
-    assert led_by_group == {"delivery_inflight_idx": True, "delivery_dlq_idx": True}
+    assert led_by_group == {
+        "delivery_inflight_idx": True,
+        "delivery_dlq_idx": True,
+        "delivery_held_idx": True,
+        "delivery_fifo_head_idx": True,
+    }

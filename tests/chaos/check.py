@@ -10,13 +10,15 @@ contract, adapted from Jepsen's total-queue and Kafka checkers:
   one consumer), or the offsets received from a queue are not exactly the dense offsets of the
   commit log;
 - conflicting: more than one final op, a state that disagrees with its final op, a commit-log
-  row count that disagrees with the state, or a client answer that disagrees with the database.
+  row count that disagrees with the state, or a client answer that disagrees with the database;
+- unordered (a FIFO consumer group's history only): tests/chaos/ordering.py.
 """
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.chaos import ordering
 from tests.chaos.history import History, Op
 from tests.chaos.workload import intent_of
 
@@ -30,6 +32,7 @@ class Report:
     duplicated: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     conflicting: list[str] = field(default_factory=list)
+    unordered: list[str] | None = None  # checked for a FIFO consumer group only
     unavailable: float = 0.0
     malformed: list[str] = field(default_factory=list)  # an error not in the contract's format
     violations: list[str] = field(default_factory=list)  # the fault case's own expectations
@@ -43,6 +46,7 @@ class Report:
             or self.duplicated
             or self.skipped
             or self.conflicting
+            or self.unordered
             or self.malformed
             or self.violations
         )
@@ -53,12 +57,13 @@ class Report:
             f"unexpected={len(self.unexpected)} duplicated={len(self.duplicated)} "
             f"skipped={len(self.skipped)} conflicting={len(self.conflicting)} "
             f"unavailable={self.unavailable:.1f}s"
+            + ("" if self.unordered is None else f" unordered={len(self.unordered)}")
         )
 
     def details(self, limit: int = 10) -> str:
         parts = []
-        names = ("lost", "unexpected", "duplicated", "skipped", "conflicting", "malformed")
-        for name in (*names, "violations"):
+        names = ("lost", "unexpected", "duplicated", "skipped", "conflicting", "unordered")
+        for name in (*names, "malformed", "violations"):
             items = getattr(self, name)
             if items:
                 parts.append(f"  {name}: {items[:limit]}")
@@ -75,6 +80,7 @@ class Delivery:
     queue_offset: int
     attempt: int
     handle: str
+    completed: float = 0.0  # when the receive was answered
 
 
 def expectations(history: History) -> tuple[set[str], set[str]]:
@@ -110,13 +116,17 @@ def deliveries(history: History) -> list[Delivery]:
                     m["queue_offset"],
                     m["delivery_attempt"],
                     m["receipt_handle"],
+                    op.completed or op.invoked,
                 )
             )
     return found
 
 
-def check(fault: str, topic: str, history: History, sql: Any) -> Report:
-    """`sql(query) -> rows` reads the cluster's database after drain."""
+def check(
+    fault: str, topic: str, history: History, sql: Any, *, fifo_group: str | None = None
+) -> Report:
+    """`sql(query) -> rows` reads the cluster's database after drain. `fifo_group`: the FIFO
+    consumer group whose history it is (adds the ordering check)."""
     report = Report(fault, ops=sum(1 for op in history.ops if op.f != "receive"))
     must, must_not = expectations(history)
     received = deliveries(history)
@@ -125,7 +135,10 @@ def check(fault: str, topic: str, history: History, sql: Any) -> Report:
     report.lost = sorted(must - bodies)
     report.unexpected = sorted((bodies & must_not) | (bodies - sent))
     report.duplicated = _duplicates(history, received)
-    report.skipped = _skips(received, topic, sql)
+    log = _grouped_log(topic, sql) if fifo_group else []
+    report.skipped = _skips(received, topic, sql, {row.msg_id: row.message_group for row in log})
+    if fifo_group:
+        report.unordered = unordered(history, log, _dead_letters(fifo_group, sql))
     undone = _receives_undone(received)
     if undone:
         report.notes.append(f"{undone} receives undone by a crash or failover (redelivered)")
@@ -177,9 +190,52 @@ def _duplicates(history: History, received: list[Delivery]) -> list[str]:
     return sorted(found)
 
 
-def _skips(received: list[Delivery], topic: str, sql: Any) -> list[str]:
+def _grouped_log(topic: str, sql: Any) -> list[ordering.Logged]:
+    return [
+        ordering.Logged(*row)
+        for row in sql(
+            "SELECT l.msg_id, l.message_group, l.queue_id, l.queue_offset "
+            "FROM broker_commitlogentry l JOIN broker_topic t ON t.id = l.topic_id "
+            "WHERE t.name = %s AND l.message_group <> ''",
+            [topic],
+        )
+    ]
+
+
+def _dead_letters(group: str, sql: Any) -> set[str]:
+    return {
+        msg_id
+        for (msg_id,) in sql(
+            "SELECT l.msg_id FROM broker_delivery d "
+            'JOIN broker_commitlogentry l ON l."offset" = d.message_id '
+            "JOIN broker_consumergroup g ON g.id = d.group_id "
+            "WHERE g.name = %s AND d.state = 'DLQ'",
+            [group],
+        )
+    }
+
+
+def unordered(history: History, log: list[ordering.Logged], dead: set[str]) -> list[str]:
+    """The ordering check (tests/chaos/ordering.py) of a FIFO consumer group's history, given
+    the commit log's grouped rows and the msg_ids the group dead-lettered."""
+    receipts = [
+        ordering.Receipt(d.msg_id, d.handle, d.invoked, d.completed) for d in deliveries(history)
+    ]
+    acks = []
+    for op in history.of("ack"):
+        if op.type == "ok":
+            acks.append(ordering.Ack(tuple(op.result["body"]["acked"]), op.invoked))
+        elif op.type == "info":  # its outcome unknown: it may have acked them all
+            acks.append(ordering.Ack(tuple(op.value["receipt_handles"]), op.invoked))
+    return ordering.unordered(log, receipts, acks, dead)
+
+
+def _skips(received: list[Delivery], topic: str, sql: Any, group_of: dict[str, str]) -> list[str]:
+    """`group_of`: the message group of each grouped message, in a FIFO consumer group's
+    history: there a queue's messages come in order per message group only (one group's held
+    message comes after a later one of another group)."""
     found = []
-    last: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int, str], int] = {}
     seen: set[str] = set()
     for d in sorted(received, key=lambda d: d.invoked):
         again = d.msg_id in seen
@@ -189,7 +245,7 @@ def _skips(received: list[Delivery], topic: str, sql: Any) -> list[str]:
         # synchronous_commit=off: it comes back as attempt 1; decisions 0025, 0042).
         if d.attempt != 1 or again:
             continue
-        key = (d.process, d.queue_id)
+        key = (d.process, d.queue_id, group_of.get(d.msg_id, ""))
         if d.queue_offset <= last.get(key, -1):
             found.append(f"{d.process} saw q{d.queue_id}@{d.queue_offset} after {last[key]}")
         last[key] = max(d.queue_offset, last.get(key, -1))

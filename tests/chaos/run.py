@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from tests.chaos import ha_cases
+from tests.chaos import fifo_case, ha_cases
 from tests.chaos.check import Report, check, deliveries, expectations
 from tests.chaos.cluster import Cluster
 from tests.chaos.ha import HACluster
@@ -80,6 +80,8 @@ class Case:
     inject: Callable[[Context], None]  # injects the fault and heals it
     ha: bool = False  # runs on an HACluster (Patroni, Sentinels: tests/chaos/ha.py)
     unavailable_limit: float | None = None  # the longest stretch with no write allowed
+    groups: int = 0  # message groups of a FIFO workload (its consumer group FIFO), 0: none
+    consumers: int = 2
 
 
 def no_fault(ctx: Context) -> None:
@@ -287,20 +289,30 @@ CASES = {
         Case("F16", "HA: a planned switchover", ha_cases.switchover, ha=True, unavailable_limit=5),
         Case("F17", "HA: etcd stopped for 30 s", ha_cases.etcd_stopped, ha=True),
         Case("F19", "HA: the Redis master SIGKILLed", ha_cases.redis_master_killed, ha=True),
+        Case(
+            "F20",
+            "FIFO traffic in 50 message groups; gunicorn workers SIGKILLed, consumers killed",
+            fifo_case.workers_and_consumers_killed,
+            groups=fifo_case.GROUPS,
+            consumers=4,
+        ),
     ]
 }
-SHORT = ["F1", "F2", "F3", "F5", "F8", "F10"]  # the cases `make test` runs, shortened
+# The cases `make test` runs, shortened.
+SHORT = ["F1", "F2", "F3", "F5", "F8", "F10", "F20"]
 
 
 def run_case(
     cluster: Cluster, token: str, case: Case, *, scale: float, out: Path, seed: int
 ) -> Report:
     history = History()
-    workload = Workload(cluster.base, token, history, name=f"chaos-{case.name}", seed=seed)
+    workload = Workload(
+        cluster.base, token, history, name=f"chaos-{case.name}", seed=seed, groups=case.groups
+    )
     endpoint = CheckEndpoint()
     try:
         workload.setup(endpoint.url)
-        workload.start(producers=4, consumers=2)
+        workload.start(producers=4, consumers=case.consumers)
         time.sleep(5 * scale)
         started = time.monotonic()
         context = Context(cluster, scale, workload, endpoint)
@@ -317,7 +329,8 @@ def run_case(
         workload.consuming.clear()
         endpoint.close()
         history.dump(out / f"history-{case.name}.jsonl")
-    report = check(case.name, workload.topic, history, cluster.sql)
+    fifo_group = workload.consumer if case.groups else None
+    report = check(case.name, workload.topic, history, cluster.sql, fifo_group=fifo_group)
     report.violations = context.violations
     limit = case.unavailable_limit  # a failover takes as long in a shortened case
     if limit is not None and report.unavailable > limit:

@@ -6,11 +6,12 @@ from collections import Counter
 from collections.abc import Iterator
 from copy import deepcopy
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
-from tests.chaos.check import check, deliveries
+from tests.chaos.check import Report, check, deliveries
 from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
 from tests.chaos.run import CASES, SETTINGS, run_case
@@ -30,13 +31,20 @@ def cluster() -> Iterator[Cluster]:
         cluster.cleanup()
 
 
-@pytest.fixture(scope="module")
-def baseline(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
-    out = tmp_path_factory.mktemp("chaos")
-    report = run_case(cluster, cluster.token, CASES["F1"], scale=0.3, out=out, seed=1)
+def _short(
+    cluster: Cluster, name: str, seed: int, tmp: pytest.TempPathFactory
+) -> tuple[Report, History]:
+    """A case shortened, with no violation; its report and its history."""
+    out = tmp.mktemp("chaos")
+    report = run_case(cluster, cluster.token, CASES[name], scale=0.3, out=out, seed=seed)
     print(report.line())
     assert report.ok, report.details()
-    return "chaos-F1", _load(out / "history-F1.jsonl")
+    return report, _load(out / f"history-{name}.jsonl")
+
+
+@pytest.fixture(scope="module")
+def baseline(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
+    return "chaos-F1", _short(cluster, "F1", 1, tmp_path_factory)[1]
 
 
 def test_baseline_history_is_clean(baseline: tuple[str, History]) -> None:
@@ -53,6 +61,46 @@ def test_short_fault_case_finds_no_violation(
     print(report.line())
     assert report.ok, report.details()
     assert report.ops > 100
+
+
+@pytest.fixture(scope="module")
+def fifo(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, History]:
+    """F20 shortened: FIFO traffic while web workers and consumers are killed (issue 29)."""
+    report, history = _short(cluster, "F20", 3, tmp_path_factory)
+    assert report.unordered == []
+    assert report.ops > 100
+    return "chaos-F20", history
+
+
+def test_checker_sees_a_message_handed_out_before_its_groups_head_was_acked(
+    cluster: Cluster, fifo: tuple[str, History]
+) -> None:
+    """The F20 history, clean, with one receipt moved: the second message of a message group
+    received right after the first one, before its ack."""
+    topic, history = fifo
+    assert check("control", topic, history, cluster.sql, fifo_group=f"{topic}-consumer").ok
+    broken = _copy(history)
+    received = deliveries(broken)
+    seen = {d.msg_id for d in received}
+    rows = cluster.sql(
+        "SELECT l.message_group, l.msg_id FROM broker_commitlogentry l JOIN broker_topic t "
+        "ON t.id = l.topic_id WHERE t.name = %s AND l.message_group <> '' "
+        "ORDER BY l.message_group, l.queue_offset",
+        [topic],
+    )
+    first, second = next((a[1], b[1]) for a, b in pairwise(rows) if a[0] == b[0] and a[1] in seen)
+    head = min((d for d in received if d.msg_id == first), key=lambda d: d.invoked)
+    receive = next(op for op in broken.ops if op.f == "receive" and op.invoked == head.invoked)
+    message = next(m for m in receive.result["body"]["messages"] if m["msg_id"] == first)
+    # Answered with the head's own receive: before the head's ack can have been sent.
+    early = replace(receive, index=len(broken.ops))
+    early.result = {
+        "status": 200,
+        "body": {"messages": [{**message, "msg_id": second, "receipt_handle": "x.y"}]},
+    }
+    broken.ops.append(early)
+    report = check("control", topic, broken, cluster.sql, fifo_group=f"{topic}-consumer")
+    assert any(second in item for item in report.unordered or []), report.unordered
 
 
 # Positive controls: the same clean history, with one violation put in, is caught.

@@ -8,6 +8,10 @@ consumers of one group that receive and ack. Each body says what should become o
     "<process>-<seq>|COMMIT|abandon"    prepared and left: check-back is answered COMMIT
     "<process>-<seq>|ROLLBACK|abandon"  ... answered ROLLBACK
     "<process>-<seq>|UNKNOWN|abandon"   ... answered UNKNOWN until txhub parks it
+
+With `groups`, every send and prepare names one of that many message groups and the consumer
+group is FIFO (issue 29); consumers can then be killed (kill_consumer) at the points a process
+dies: before reading a receive's answer, between a receive and its ack, before an ack's answer.
 """
 
 import json
@@ -78,13 +82,17 @@ class CheckEndpoint:
 
 
 class Workload:
-    def __init__(self, base: str, token: str, history: History, *, name: str, seed: int) -> None:
+    def __init__(
+        self, base: str, token: str, history: History, *, name: str, seed: int, groups: int = 0
+    ) -> None:
         # Each fault gets a topic and groups of its own, so one cluster serves a whole run.
         self.topic, self.producer, self.consumer = name, f"{name}-producer", f"{name}-consumer"
         self.api = base + "/api/v1"
         self.headers = {"Authorization": f"Bearer {token}"}
         self.history = history
         self.seed = seed
+        self.groups = groups
+        self.kills: dict[str, threading.Event] = {}  # consumer name -> asked to die
         self.producing = threading.Event()
         self.consuming = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -94,7 +102,11 @@ class Workload:
         for path, payload in [
             ("/topics", {"name": self.topic, "queues": queues}),
             ("/producer-groups", {"name": self.producer, "check_url": check_url}),
-            ("/consumer-groups", {"name": self.consumer, "max_delivery_attempts": 1000}),
+            (
+                "/consumer-groups",
+                {"name": self.consumer, "max_delivery_attempts": 1000}
+                | ({"fifo": True} if self.groups else {}),
+            ),
         ]:
             response = requests.post(
                 self.api + path, json=payload, headers=self.headers, timeout=10
@@ -109,7 +121,22 @@ class Workload:
         for n in range(producers):
             self._thread(self._producer, f"p{n}")
         for n in range(consumers):
-            self._thread(self._consumer, f"c{n}")
+            self._start_consumer(f"c{n}")
+
+    def _start_consumer(self, name: str) -> None:
+        self.kills[name] = threading.Event()
+        self._thread(self._consumer, name)
+
+    def kill_consumer(self, victim: str) -> str:
+        """The consumer dies at its next kill point (what it held comes back after its invisible
+        time); a new one takes its place. Returns the new one's name."""
+        self.kills[victim].set()
+        replacement = f"c{len(self.kills)}"
+        self._start_consumer(replacement)
+        return replacement
+
+    def live_consumers(self) -> list[str]:
+        return [name for name, killed in self.kills.items() if not killed.is_set()]
 
     def _thread(self, target: Any, name: str) -> None:
         def run() -> None:
@@ -146,20 +173,25 @@ class Workload:
             seq += 1
             intent, mode = rng.choices([k[:2] for k in KINDS], weights=[k[2] for k in KINDS])[0]
             body = f"{name}-{seq}|{intent}" + (f"|{mode}" if mode else "")
+            group = f"g{rng.randrange(self.groups)}" if self.groups else ""
             if intent == "SEND":
-                self._post(session, name, "send", f"/topics/{self.topic}/messages", body)
+                self._post(session, name, "send", f"/topics/{self.topic}/messages", body, group)
                 continue
-            prepared = self._post(session, name, "prepare", "/transactions", body)
+            prepared = self._post(session, name, "prepare", "/transactions", body, group)
             if prepared.type != "ok" or mode == "abandon":
                 continue
             transaction_id = prepared.result["body"]["transaction_id"]
             outcome = "commit" if intent == "COMMIT" else "rollback"
             self._resolve(session, name, outcome, transaction_id, body)
 
-    def _post(self, session: requests.Session, name: str, f: str, path: str, body: str) -> Op:
+    def _post(
+        self, session: requests.Session, name: str, f: str, path: str, body: str, group: str = ""
+    ) -> Op:
         """A send or prepare with an Idempotency-Key, retried while its outcome is unknown: the
         retry answers the first answer if the first was stored, so nothing is stored twice."""
         payload: dict[str, Any] = {"producer_group": self.producer, "body": body}
+        if group:
+            payload["message_group"] = group
         if f == "prepare":
             payload["topic"] = self.topic
         headers = {**self.headers, "Idempotency-Key": body.replace("|", ".")}
@@ -172,7 +204,7 @@ class Workload:
                 f,
                 self.api + path,
                 payload,
-                value={"body": body},
+                value={"body": body, **({"group": group} if group else {})},
                 headers=headers,
             )
             if not _unknown_or_unsent(op) or time.monotonic() > deadline:
@@ -204,7 +236,8 @@ class Workload:
     def _consumer(self, name: str) -> None:
         rng = random.Random(f"{self.seed}-{name}")
         session = requests.Session()
-        while self.consuming.is_set():
+        killed = self.kills[name]
+        while self.consuming.is_set() and not killed.is_set():
             op = call(
                 session,
                 self.history,
@@ -228,28 +261,49 @@ class Workload:
             handles = [
                 m["receipt_handle"] for m in op.result["body"]["messages"] if rng.random() > 0.03
             ]
+            if killed.is_set() and handles:
+                self._die(session, name, op, handles, rng.choice(["answer", "ack", "ack answer"]))
+                return
             if handles:
                 self._ack(session, name, handles)
+        session.close()
+
+    def _die(
+        self, session: requests.Session, name: str, receive: Op, handles: list[str], point: str
+    ) -> None:
+        """A consumer killed before it read the receive's answer (in the history: the outcome
+        unknown, its messages never seen), before its ack, or before the ack's answer."""
+        if point == "answer":
+            self.history.complete(receive, "info", {"error": "killed before the answer"})
+        elif point == "ack answer":
+            op = self._ack_once(session, name, handles, None)
+            self.history.complete(op, "info", {"error": "killed before the answer"})
+        session.close()
 
     def _ack(self, session: requests.Session, name: str, handles: list[str]) -> None:
         """An ack whose outcome is unknown is sent again: the retry acks what the first did not,
         and answers `invalid` for what the first one did ack (the checker reads that)."""
         first = None
         for _ in range(10):
-            op = call(
-                session,
-                self.history,
-                name,
-                "ack",
-                f"{self.api}/consumer-groups/{self.consumer}/ack",
-                {"receipt_handles": handles},
-                value={"receipt_handles": handles, "retry_of": first},
-                headers=self.headers,
-            )
+            op = self._ack_once(session, name, handles, first)
             if not _unknown_or_unsent(op):
                 return
             first = op.index if first is None else first
             time.sleep(0.2)
+
+    def _ack_once(
+        self, session: requests.Session, name: str, handles: list[str], retry_of: int | None
+    ) -> Op:
+        return call(
+            session,
+            self.history,
+            name,
+            "ack",
+            f"{self.api}/consumer-groups/{self.consumer}/ack",
+            {"receipt_handles": handles},
+            value={"receipt_handles": handles, "retry_of": retry_of},
+            headers=self.headers,
+        )
 
 
 def serve_forever() -> None:

@@ -37,7 +37,7 @@ SMOKED = {
     "waiting.py",
 }
 # Programs another one starts (their smoke run is that one's).
-STARTED_BY = {"oncommit/shop/producer.py": "oncommit/run.py"}
+STARTED_BY = {"oncommit/shop/producer.py": "oncommit/run.py", "fifo.py": "produce_consume.py"}
 
 
 def run_bench(program: str, *args: str, timeout: float = 240, **env: str) -> str:
@@ -86,6 +86,10 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
         "gRPC door server CPU per message: gRPC processes",
         "gRPC door CPU per call",
         "beside a junk-token flood",
+        # issue 29: bench/fifo.py, which make bench runs
+        "FIFO consumer group",
+        "1000 message groups",
+        "one message group",
     ):
         assert line in out, out
 

@@ -130,15 +130,18 @@ class Setup:
 
 @pytest.fixture
 def rocketmq_setup(transactional_db: None) -> Callable[..., Setup]:
-    """A topic, a producer group (no check URL), a consumer group and a token for both, with
-    its RocketMQ credentials."""
+    """A topic, a producer group (no check URL), a consumer group (FIFO if `fifo`) and a token
+    for both, with its RocketMQ credentials."""
 
-    def make(suffix: str = "", max_delivery_attempts: int = 16) -> Setup:
+    def make(suffix: str = "", max_delivery_attempts: int = 16, fifo: bool = False) -> Setup:
         topic, producer, consumer = f"orders{suffix}", f"shop{suffix}", f"billing{suffix}"
         registry.topic_create(name=topic, queues=4)
         registry.producer_group_create(name=producer)
         registry.consumer_group_create(
-            name=consumer, max_delivery_attempts=max_delivery_attempts, consume_from="first"
+            name=consumer,
+            max_delivery_attempts=max_delivery_attempts,
+            consume_from="first",
+            fifo=fifo,
         )
         token, _ = registry.token_create(
             name="rocketmq", scopes=[f"produce:{producer}", f"consume:{consumer}"]

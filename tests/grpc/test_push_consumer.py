@@ -171,9 +171,6 @@ def test_what_txhub_does_not_serve_answers_unsupported(
             rpc.GetOffsetRequest(group=group, message_queue=queue), metadata=meta
         ),
         "QueryOffset": stub.QueryOffset(rpc.QueryOffsetRequest(message_queue=queue), metadata=meta),
-        "RecallMessage": stub.RecallMessage(
-            rpc.RecallMessageRequest(topic=topic, recall_handle="x"), metadata=meta
-        ),
     }
     [pulled] = list(
         stub.PullMessage(rpc.PullMessageRequest(group=group, message_queue=queue), metadata=meta)
@@ -185,14 +182,6 @@ def test_what_txhub_does_not_serve_answers_unsupported(
         filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
     )
     [answers["ReceiveMessage SQL92"]] = list(stub.ReceiveMessage(sql, metadata=meta))
-    fifo = rpc.SendMessageRequest()
-    item = fifo.messages.add()
-    item.topic.name = setup.topic
-    item.body = b"ordered"
-    item.system_properties.message_id = "FIFO0000000000000001"
-    item.system_properties.message_type = pb.FIFO
-    item.system_properties.message_group = "order-9527"
-    answers["SendMessage FIFO"] = stub.SendMessage(fifo, metadata=meta)
     for name, answer in answers.items():
         assert answer.status.code == pb.Code.UNSUPPORTED, (name, answer.status)
         assert "not supported" in answer.status.message, (name, answer.status)

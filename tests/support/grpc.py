@@ -10,7 +10,10 @@ import grpc
 from rocketmq import (
     ClientConfiguration,
     Credentials,
+    FilterExpression,
     Message,
+    PushConsumer,
+    SimpleConsumer,
     TransactionChecker,
     TransactionResolution,
 )
@@ -62,6 +65,8 @@ def message(topic: str, body: bytes, tag: str = "", **extra: Any) -> Any:
         msg.add_property(name, value)
     if "delivery_timestamp" in extra:
         msg.delivery_timestamp = extra["delivery_timestamp"]
+    if "message_group" in extra:
+        msg.message_group = extra["message_group"]
     return msg
 
 
@@ -70,6 +75,26 @@ def start(clients: list[Any], client: Any) -> Any:
     client.startup()
     clients.append(client)
     return client
+
+
+def consumer_of(
+    clients: list[Any],
+    server: "GrpcServer",
+    setup: "Setup",
+    listener: Any = None,
+    **options: Any,
+) -> Any:
+    """A started consumer of the setup's group on every tag of its topic: a PushConsumer with
+    `listener`, else a SimpleConsumer (`options`: the client's keyword arguments)."""
+    subscription = {setup.topic: FilterExpression("*")}
+    if listener is None:
+        return start(
+            clients, SimpleConsumer(config(server, setup), setup.consumer, subscription, **options)
+        )
+    consumer = PushConsumer(
+        config(server, setup), setup.consumer, listener, subscription, **options
+    )
+    return start(clients, consumer)
 
 
 class Checker(TransactionChecker):  # type: ignore[misc]

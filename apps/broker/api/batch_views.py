@@ -56,6 +56,7 @@ class SendBatchView(APIView):
             (
                 item["message"],
                 delivery.delivery_time(
+                    message=item["message"],
                     delay_level=item.get("delay_level"),
                     deliver_at=item.get("deliver_at"),
                     start=start,
@@ -96,7 +97,10 @@ class PrepareBatchView(APIView):
         for item in data["messages"]:
             # Checked now (TXHUB_MAX_DELAY), applied from the commit on.
             delivery.delivery_time(
-                delay_level=item.get("delay_level"), deliver_at=item.get("deliver_at"), start=start
+                message=item["message"],
+                delay_level=item.get("delay_level"),
+                deliver_at=item.get("deliver_at"),
+                start=start,
             )
         at = epoch(request)
         access.topic_allowed(kind="produce", group=group_name, topic=data["topic"], epoch=at)

@@ -161,6 +161,15 @@ class NameField(StrictCharField):
             raise serializers.ValidationError(str(error)) from None
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON true or false only (DRF's BooleanField would also take "yes", 1 and "on")."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class StrictUUIDField(serializers.UUIDField):
     """A UUID written as a JSON string (DRF's UUIDField would also take an integer)."""
 

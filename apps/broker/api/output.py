@@ -16,6 +16,7 @@ from apps.broker.models import (
     Delivery,
     HalfMessage,
     ProducerGroup,
+    RecalledMessage,
 )
 from apps.broker.services.consuming import Received
 
@@ -142,9 +143,13 @@ class TransactionOut(CompiledOut):
     born_at = serializers.DateTimeField()
     resolved_at = serializers.DateTimeField(allow_null=True)
     resolved_by = serializers.SerializerMethodField()
+    message_group = serializers.SerializerMethodField()
 
     def get_resolved_by(self, half: HalfMessage) -> str | None:
         return half.resolved_by or None
+
+    def get_message_group(self, half: HalfMessage) -> str | None:
+        return half.message_group or None
 
 
 class TransactionDetailOut(TransactionOut):
@@ -177,9 +182,14 @@ class SendOut(CompiledOut):
     queue_offset = serializers.IntegerField(allow_null=True)
     status = serializers.SerializerMethodField()
     deliver_at = serializers.DateTimeField()
+    message_group = serializers.SerializerMethodField()
 
     def get_status(self, sent: Any) -> str:
         return "SEND_OK"
+
+    def get_message_group(self, sent: Any) -> str | None:
+        group = sent.get("message_group") if isinstance(sent, Mapping) else sent.message_group
+        return group or None
 
 
 class ReceivedOut(BodyMixin):
@@ -194,6 +204,10 @@ class ReceivedOut(BodyMixin):
     stored_at = serializers.DateTimeField(source="message.stored_at")
     delivery_attempt = serializers.IntegerField(source="delivery.attempts")
     transaction_id = serializers.UUIDField(source="message.transaction_id", allow_null=True)
+    message_group = serializers.SerializerMethodField()
+
+    def get_message_group(self, received: Received) -> str | None:
+        return received.message.message_group or None
 
     def get_receipt_handle(self, received: Received) -> str:
         return received.receipt_handle
@@ -235,6 +249,24 @@ class CommitLogPositionOut(serializers.Serializer[Any]):
     stored_at = serializers.DateTimeField()
 
 
+class RecallOut(serializers.Serializer[Any]):
+    """A recall, in a message's trace (docs/decisions/0055)."""
+
+    recalled_at = serializers.DateTimeField()
+    recalled_by = serializers.CharField(help_text="The name of the token that recalled it.")
+    door = serializers.CharField(help_text="`rest` or `grpc`.")
+    deliver_at = serializers.DateTimeField(help_text="When it would have been delivered.")
+
+
+class RecalledOut(RecallOut):
+    """POST /messages/{msg_id}/recall: the message recalled, now or before."""
+
+    msg_id = serializers.CharField()
+    topic = serializers.CharField(source="topic.name")
+    producer_group = serializers.CharField()
+    transaction_id = serializers.UUIDField(allow_null=True)
+
+
 DT = serializers.DateTimeField()
 
 
@@ -242,13 +274,15 @@ def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
     half: HalfMessage | None = trace["half"]
     entry: CommitLogEntry | None = trace["entry"]
     delayed: DelayedMessage | None = trace["delayed"]
-    source: Any = half or entry or delayed
+    recalled: RecalledMessage | None = trace["recalled"]
+    source: Any = half or entry or delayed or recalled
     deliveries: list[Delivery] = trace["deliveries"]
     return {
         "msg_id": source.msg_id,
         "topic": source.topic.name,
         "producer_group": half.producer_group.name if half else source.producer_group,
         "tags": source.tags or None,
+        "message_group": source.message_group or None,
         "keys": source.keys,
         "properties": source.properties,
         **body_fields(source),
@@ -256,6 +290,7 @@ def message_trace_out(trace: dict[str, Any]) -> dict[str, Any]:
         "transaction": TransactionDetailOut(half).data if half else None,
         "commit_log": CommitLogPositionOut(entry).data if entry else None,
         "delayed_until": DT.to_representation(delayed.deliver_at) if delayed else None,
+        "recall": render(RecallOut, recalled) if recalled else None,
         "deliveries": DeliveryOut(deliveries, many=True).data,
     }
 
@@ -293,6 +328,7 @@ class ConsumerGroupOut(serializers.Serializer[Any]):
     name = serializers.CharField()
     max_delivery_attempts = serializers.IntegerField()
     consume_from = serializers.CharField()
+    fifo = serializers.BooleanField()
     topics = serializers.SerializerMethodField(
         help_text="Topics the group may receive from; empty: any topic."
     )
@@ -403,6 +439,7 @@ class MessageTraceOut(serializers.Serializer[Any]):
     topic = serializers.CharField()
     producer_group = serializers.CharField()
     tags = serializers.CharField(allow_null=True)
+    message_group = serializers.CharField(allow_null=True)
     keys = serializers.ListField(child=serializers.CharField())
     properties = serializers.DictField(child=serializers.CharField())
     body = serializers.CharField(required=False, help_text="UTF-8 text, if sent as text")
@@ -414,6 +451,7 @@ class MessageTraceOut(serializers.Serializer[Any]):
     )
     commit_log = CommitLogPositionOut(allow_null=True, help_text="null until it is visible")
     delayed_until = serializers.DateTimeField(allow_null=True)
+    recall = RecallOut(allow_null=True, help_text="null unless it was recalled before its delivery")
     deliveries = DeliveryOut(
         many=True, help_text="Only the consumer groups the caller's token has scopes for."
     )

@@ -17,6 +17,7 @@ from apps.broker import limits
 from apps.broker.api.fields import (
     NameField,
     QueryIntegerField,
+    StrictBooleanField,
     StrictCharField,
     StrictDictField,
     StrictIntegerField,
@@ -57,9 +58,16 @@ _BODY_BASE64_CHARS = 4 * -(-settings.TXHUB_MAX_BODY_BYTES // 3)
 class MessageIn(StrictSerializer):
     # What validate() checks across fields, stated in the schema: exactly one of the two bodies,
     # at most one of the two delays.
+    # A message group is never delayed (services/delivery.delivery_time).
     schema_rules: dict[str, Any] = {
         "oneOf": [{"required": ["body"]}, {"required": ["body_base64"]}],
-        "not": {"required": ["delay_level", "deliver_at"]},
+        "not": {
+            "anyOf": [
+                {"required": ["delay_level", "deliver_at"]},
+                {"required": ["message_group", "delay_level"]},
+                {"required": ["message_group", "deliver_at"]},
+            ]
+        },
     }
     producer_group = NameField("producer_group")
     body = _text(
@@ -96,6 +104,11 @@ class MessageIn(StrictSerializer):
     )
     delay_level = StrictIntegerField(required=False, min_value=1, max_value=limits.MAX_DELAY_LEVEL)
     deliver_at = _text(required=False, pattern=None, schema={"format": "date-time"})
+    message_group = _text(
+        required=False,
+        pattern=limits.MESSAGE_GROUP_SCHEMA_PATTERN,
+        schema={"minLength": 1, "maxLength": limits.MAX_MESSAGE_GROUP_CHARS},
+    )
 
     def validate_deliver_at(self, value: str) -> datetime:
         try:
@@ -137,6 +150,11 @@ class MessageIn(StrictSerializer):
             )
         except limits.LimitError as error:
             raise serializers.ValidationError({error.field or "tags": [str(error)]}) from None
+        try:
+            if "message_group" in attrs:
+                limits.check_message_group(attrs["message_group"])
+        except limits.LimitError as error:
+            raise serializers.ValidationError({"message_group": [str(error)]}) from None
         if any(not key.strip() for key in attrs.get("keys", [])):
             raise serializers.ValidationError({"keys": ["A key must not be blank."]})
         if any(not name for name in attrs.get("properties", {})):
@@ -150,6 +168,7 @@ class MessageIn(StrictSerializer):
             tags=tags,
             keys=attrs.get("keys", []),
             properties=attrs.get("properties", {}),
+            message_group=attrs.get("message_group", ""),
         )
         return attrs
 
@@ -280,6 +299,11 @@ class ConsumerGroupIn(StrictSerializer):
     )
     consume_from = serializers.ChoiceField(
         choices=ConsumeFrom.choices, required=False, default=ConsumeFrom.FIRST
+    )
+    fifo = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="Receive each message group's messages in order, one at a time.",
     )
 
 

@@ -38,6 +38,7 @@ urlpatterns = [
     path("transactions/<uuid:transaction_id>/rollback", views.TransactionRollbackView.as_view()),
     path("transactions/<uuid:transaction_id>/resume", views.TransactionResumeView.as_view()),
     path("messages/<msgid:msg_id>", views.MessageDetailView.as_view()),
+    path("messages/<msgid:msg_id>/recall", views.MessageRecallView.as_view()),
     path("reconciliations", registry_views.ReconciliationListView.as_view()),
     path("reconciliations/<rowid:run_id>", registry_views.ReconciliationDetailView.as_view()),
 ]

@@ -31,6 +31,7 @@ from apps.broker.services import (
     dead_letters,
     delivery,
     idempotency,
+    recall,
     sending,
     transactions,
 )
@@ -185,6 +186,7 @@ class TopicMessagesView(APIView):
         data = validated(inputs.MessageIn, request.data)
         require(request, "produce", data["producer_group"])
         deliver_at = delivery.delivery_time(
+            message=data["message"],
             delay_level=data.get("delay_level"),
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
@@ -218,6 +220,7 @@ class TransactionListView(APIView):
         require(request, "produce", data["producer_group"])
         # Checked now (TXHUB_MAX_DELAY), applied from the commit on.
         delivery.delivery_time(
+            message=data["message"],
             delay_level=data.get("delay_level"),
             deliver_at=data.get("deliver_at"),
             start=timezone.now(),
@@ -332,6 +335,17 @@ class MessageDetailView(APIView):
             consumer_groups=user.groups("consume"),
         )
         return Response(output.message_trace_out(trace))
+
+
+class MessageRecallView(APIView):
+    @extend_schema(request=None, responses={200: output.RecalledOut, 409: None, **ERRORS})
+    def post(self, request: Request, msg_id: str) -> Response:
+        """Recalls a delayed message not yet delivered: it never will be. Needs a `produce:`
+        scope of its producer group; another group's message is 404. Delivered already: 409.
+        Recalled already: 200 with that recall (docs/decisions/0055)."""
+        precheck_large_body(request, "produce")
+        recalled = recall.message_recall(msg_id=msg_id, principal=token_user(request), door="rest")
+        return Response(output.render(output.RecalledOut, recalled))
 
 
 # Consumers ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 from apps.broker.grpc import streams
 from apps.broker.grpc.calls import db, log
-from apps.broker.grpc.protocol import message_of, pb, rpc
+from apps.broker.grpc.protocol import message_of, rpc
 from apps.broker.models import HalfMessage
 from apps.broker.models import TransactionState as State
 from apps.broker.services import checkback_stream, clients
@@ -70,7 +70,7 @@ def _command_for(transaction_id: uuid.UUID, token_id: int) -> Any:
     if not clients.stream_may_check(token_id=token_id, producer_group=half.producer_group.name):
         log.warning("check for %s: the stream's token may not receive it", transaction_id)
         return None
-    message = message_of(half, topic=half.topic.name, message_type=pb.TRANSACTION)
+    message = message_of(half, topic=half.topic.name)
     return rpc.TelemetryCommand(
         recover_orphaned_transaction_command=rpc.RecoverOrphanedTransactionCommand(
             message=message, transaction_id=str(transaction_id)

@@ -96,7 +96,6 @@ class ConsumerRpcs:
                 receipt_handle=item.receipt_handle,
                 delivery_attempt=item.delivery.attempts,
                 invisible_seconds=seconds,
-                message_type=pb.TRANSACTION if item.message.transaction_id else pb.NORMAL,
             )
             yield rpc.ReceiveMessageResponse(message=message)
         yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))

@@ -80,14 +80,19 @@ def message_of(
     receipt_handle: str = "",
     delivery_attempt: int = 0,
     invisible_seconds: float | None = None,
-    message_type: int = pb.NORMAL,
 ) -> Any:
     """A stored message as the protocol's Message: body bytes, tag, keys and properties as
     sent (through either door), with the body digest the clients check: MD5, upper-case hex, as
     RocketMQ's proxy sends. (Not CRC32: the Node client 1.0.8 compares it as a decimal number,
     Java and Python as hex, so a CRC32 digest makes the Node PushConsumer discard every
-    message as corrupted.)"""
+    message as corrupted.) Its type as RocketMQ's proxy names it: TRANSACTION for a transaction's
+    message (with a message group too), else FIFO for one with a message group, else NORMAL."""
     body = bytes(entry.body)
+    message_type = pb.NORMAL
+    if entry.transaction_id:
+        message_type = pb.TRANSACTION
+    elif entry.message_group:
+        message_type = pb.FIFO
     system = pb.SystemProperties(
         keys=list(entry.keys),
         message_id=entry.msg_id,
@@ -104,6 +109,8 @@ def message_of(
     )
     if entry.tags:
         system.tag = entry.tags
+    if entry.message_group:  # FIFO clients consume a message group's messages one at a time
+        system.message_group = entry.message_group
     if isinstance(entry, CommitLogEntry):
         system.store_timestamp.CopyFrom(timestamp(entry.stored_at))
         system.queue_offset = entry.queue_offset

@@ -84,9 +84,13 @@ def consumed_topic_of(caller: Caller, group_name: str, topic_name: str) -> tuple
     return group, topic_of(topic_name, epoch)
 
 
-# Every message type is accepted on every queue: FIFO too, so that the server, not the client,
-# answers UNSUPPORTED with a sentence (docs/decisions/0021).
+# Every message type is accepted on every queue (txhub topics have no type): the server, not the
+# client, refuses what it refuses, with a sentence (docs/decisions/0021).
 ACCEPTED_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+
+
+# txhub is one broker to the clients (routes, assignments, recall handles).
+BROKER_NAME = "txhub"
 
 
 def broker_of(endpoints: Any) -> Any:
@@ -95,4 +99,4 @@ def broker_of(endpoints: Any) -> Any:
     if not endpoints.addresses:
         address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
         endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[address])
-    return pb.Broker(name="txhub", id=0, endpoints=endpoints)
+    return pb.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)

@@ -202,7 +202,9 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
                 ),
             )
         )
-        reply.subscription.fifo = False
+        # A FIFO group's PushConsumers consume each message group serially, retry in place and
+        # forward to the dead-letter queue after their last attempt (docs/decisions/0056).
+        reply.subscription.fifo = consumer_group.fifo
         reply.subscription.receive_batch_size = RECEIVE_BATCH
         asked = subscription.long_polling_timeout.seconds or settings.TXHUB_GRPC_LONG_POLL_MAX
         clamped = min(

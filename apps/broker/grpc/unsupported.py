@@ -13,7 +13,6 @@ UNSUPPORTED = {
     "UpdateOffset": OFFSETS,
     "GetOffset": OFFSETS,
     "QueryOffset": OFFSETS,
-    "RecallMessage": "RecallMessage is not supported by txhub.",
     "SyncLiteSubscription": "Lite topics are not supported by txhub.",
 }
 
@@ -32,11 +31,6 @@ class UnsupportedRpcs:
 
     async def QueryOffset(self, request: Any, context: Any) -> Any:
         return rpc.QueryOffsetResponse(status=status(Code.UNSUPPORTED, UNSUPPORTED["QueryOffset"]))
-
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return rpc.RecallMessageResponse(
-            status=status(Code.UNSUPPORTED, UNSUPPORTED["RecallMessage"])
-        )
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
         return rpc.SyncLiteSubscriptionResponse(

@@ -15,9 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.broker.models import HalfMessage, OpKind, OpRecord
-from apps.broker.services import clients, transactions
+from apps.broker.services import clients, half_rows, transactions
 from apps.broker.services.check_ops import checkback_resolve
-from apps.broker.services.errors import NotFound
 from apps.broker.services.transactions import Actor
 from txhub.redis_sentinel import broker_client
 
@@ -93,10 +92,7 @@ def checkback_answer(
             .filter(transaction_id=transaction_id)
             .first()
         )
-        if half is None or (
-            producer_groups is not None and half.producer_group.name not in producer_groups
-        ):
-            raise NotFound(f"Transaction {transaction_id} does not exist.")
+        half = half_rows.owned(half, transaction_id, producer_groups)
         if not check_outstanding(half, client_id=client_id):
             resolve(transaction_id=transaction_id, actor=producer, producer_groups=producer_groups)
             return "producer"

@@ -34,7 +34,8 @@ from apps.broker.services.sending import append_entries, take_offsets
 def _halves(source: str, place: str) -> str:
     return f"""(
     SELECT h.msg_id, h.queue_id, h.tags, h.keys, h.properties, h.body, h.body_is_binary,
-        h.born_at, g.name AS producer_group, h.transaction_id, h.topic_id, {place} AS i
+        h.born_at, g.name AS producer_group, h.transaction_id, h.topic_id, h.message_group,
+        {place} AS i
     FROM {source} JOIN broker_producergroup g ON g.id = h.producer_group_id
 ) m"""  # noqa: S608 - composed of constants only
 

@@ -21,8 +21,10 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
-from apps.broker.services import dead_letters, handles
+from apps.broker.services import dead_letters, fifo, handles
 from apps.broker.services.errors import invalid
+from apps.broker.services.queue_reads import ENTRIES_SQL, MOVE_CURSORS_SQL
+from apps.broker.services.sending import RECEIVABLE_CHANNEL
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,11 @@ class Receivable:
     cursors_missing: bool
     new: bool
     expired: bool
+    releasable: bool = False  # a FIFO group's held message whose group is free (fifo.py)
 
     @property
     def anything(self) -> bool:
-        return self.cursors_missing or self.new or self.expired
+        return self.cursors_missing or self.new or self.expired or self.releasable
 
 
 @transaction.atomic
@@ -130,6 +133,16 @@ def _receive_locked(
     received: list[Received] = []
     if place.expired:
         received = _redeliver(group, topic, max_messages, invisible_until, tags, now)
+    if group.fifo:
+        # A group's held message before any new one: it came first (decision 0054).
+        released = fifo.release_heads(
+            group=group,
+            topic=topic,
+            limit=max_messages - len(received),
+            invisible_until=invisible_until,
+            now=now,
+        )
+        received += [Received(d, d.message) for d in released]
     if len(received) < max_messages and (place.new or place.cursors_missing):
         received += _take_new(
             group,
@@ -160,17 +173,18 @@ SELECT (
         AND d.invisible_until <= %(now)s
 )
 """
+_RECEIVABLE_FIFO_SQL = f"{_RECEIVABLE_SQL}, {fifo.RELEASABLE_SQL}"
 
 
 def _receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> Receivable:
     with connection.cursor() as cursor:
         cursor.execute(
-            _RECEIVABLE_SQL,
+            _RECEIVABLE_FIFO_SQL if group.fifo else _RECEIVABLE_SQL,
             {"group": group.pk, "topic": topic.pk, "queues": topic.queues, "now": now},
         )
         row = cursor.fetchone()
-    assert row is not None  # noqa: S101 - a SELECT of three expressions has one row
-    return Receivable(bool(row[0]), bool(row[1]), bool(row[2]))
+    assert row is not None  # noqa: S101 - a SELECT of three or four expressions has one row
+    return Receivable(*(bool(value) for value in row))
 
 
 def _redeliver(
@@ -194,7 +208,7 @@ def _redeliver(
         .order_by("invisible_until")[:limit]
     )
     for delivery in deliveries:
-        _hand_out(delivery, invisible_until, now)
+        handles.hand_out(delivery, invisible_until, now)
     Delivery.objects.bulk_update(
         deliveries, ["attempts", "invisible_until", "handle_token", "last_received_at"]
     )
@@ -209,11 +223,6 @@ _CURSORS_SQL = (
     "WHERE group_id = %s AND topic_id = %s ORDER BY queue_id FOR UPDATE SKIP LOCKED"
 )
 _CURSORS_WAIT_SQL = _CURSORS_SQL.replace(" FOR UPDATE SKIP LOCKED", " LIMIT 1 FOR UPDATE")
-_ENTRIES_SQL = (
-    f"SELECT {rows.columns(CommitLogEntry, 'e')} FROM broker_commitlogentry e "  # noqa: S608
-    "WHERE e.topic_id = %s AND e.queue_id = %s AND e.queue_offset >= %s "
-    "ORDER BY e.queue_offset LIMIT %s"
-)
 # Each queue's messages from its cursor on (at most `limit` from each), the queues in the
 # order given, the first `limit` of them all: one statement for every queue of the topic.
 _ENTRIES_OF_ALL_SQL = f"""
@@ -228,14 +237,9 @@ LATERAL (
 ORDER BY q.ord, e.queue_offset
 LIMIT %(limit)s
 """  # noqa: S608
-_MOVE_CURSORS_SQL = """
-UPDATE broker_consumercursor c SET next_offset = m.next_offset
-FROM unnest(%(cursor_ids)s::bigint[], %(next_offsets)s::bigint[]) AS m(id, next_offset)
-WHERE c.id = m.id
-"""
 # The deliveries inserted and the cursors moved past them, in one statement.
 _DELIVERIES_SQL = f"""
-WITH moved AS ({_MOVE_CURSORS_SQL})
+WITH moved AS ({MOVE_CURSORS_SQL})
 INSERT INTO broker_delivery (group_id, topic_id, message_id, state, attempts, invisible_until,
     handle_token, first_received_at, last_received_at, acked_at, dlq_at)
 SELECT %(group)s, %(topic)s, m.message_id, %(state)s, 1, %(until)s, m.token, %(now)s, %(now)s,
@@ -274,6 +278,17 @@ def _take_new(
             cursor.execute(_CURSORS_SQL, [group.pk, topic.pk])
             cursors = cursor.fetchall()
     random.shuffle(cursors)  # noqa: S311 - fairness between queues, not security
+    if group.fifo:
+        handed = fifo.take_in_order(
+            group=group,
+            topic=topic,
+            cursors=cursors,
+            limit=limit,
+            tags=tags,
+            invisible_until=invisible_until,
+            now=now,
+        )
+        return [Received(d, d.message) for d in handed]
     if tags is None:
         taken, moved = _entries_of_all(topic, cursors, limit)
     else:
@@ -298,7 +313,7 @@ def _entries_queue_by_queue(
         # Offsets below the queue counter are all committed (see sending.take_offsets), so reading
         # ">= cursor" in order can never step over a message that commits later.
         with connection.cursor() as cursor:
-            cursor.execute(_ENTRIES_SQL, [topic.pk, queue_id, next_offset, limit - len(taken)])
+            cursor.execute(ENTRIES_SQL, [topic.pk, queue_id, next_offset, limit - len(taken)])
             batch = [rows.load(CommitLogEntry, row) for row in cursor.fetchall()]
         if not batch:
             continue
@@ -347,13 +362,13 @@ def _insert_deliveries(
     move = {"cursor_ids": [m[0] for m in moved], "next_offsets": [m[1] for m in moved]}
     if not messages:  # all passed over by the tag expression: only the cursors move
         with connection.cursor() as cursor:
-            cursor.execute(_MOVE_CURSORS_SQL, move)
+            cursor.execute(MOVE_CURSORS_SQL, move)
         return []
     deliveries = []
     for message in messages:
         message.topic = topic  # the answer names it: not one query per message
         delivery = Delivery(group=group, topic=topic, message=message, first_received_at=now)
-        _hand_out(delivery, invisible_until, now)
+        handles.hand_out(delivery, invisible_until, now)
         deliveries.append(delivery)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -394,20 +409,20 @@ def _ensure_cursors(group: ConsumerGroup, topic: Topic) -> None:
     )
 
 
-def _hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> None:
-    delivery.attempts += 1
-    delivery.invisible_until = invisible_until
-    delivery.handle_token = secrets.token_hex(12)
-    delivery.last_received_at = now
-
-
 # The handles name their deliveries' ids. The group's condition is served by its in-flight index at
 # most (what the group holds now), never by an index with the group's whole history: there is
 # none (decision 0030).
-_ACK_SQL = (
-    "UPDATE broker_delivery SET state = %(acked)s, acked_at = %(now)s "  # noqa: S608 - constants
-    f"WHERE {handles.LIVE_SQL} RETURNING id, handle_token"
+# An ack in a FIFO group frees the message's group: its next message is receivable, announced
+# at the commit as a new message is (decision 0054).
+_ACK_SQL = f"""
+WITH acked AS (
+    UPDATE broker_delivery SET state = %(acked)s, acked_at = %(now)s
+    WHERE {handles.LIVE_SQL} RETURNING id, handle_token, topic_id, message_group
 )
+SELECT id, handle_token, CASE WHEN message_group <> '' THEN
+    pg_notify('{RECEIVABLE_CHANNEL}', concat_ws(' ', topic_id, 'released')) END
+FROM acked
+"""  # noqa: S608 - composed of constants only
 
 
 def message_ack(*, group: ConsumerGroup, receipt_handles: list[str]) -> tuple[list[str], list[str]]:

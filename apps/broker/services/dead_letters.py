@@ -6,29 +6,38 @@ import secrets
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
 from apps.broker.models import AuditAction, ConsumerGroup, Delivery, DeliveryState, Topic
 from apps.broker.services import handles, scans
 from apps.broker.services.audit import SYSTEM, Origin, audit_record
 from apps.broker.services.errors import NotFound, invalid
-from apps.broker.services.sending import notify_receivable
+from apps.broker.services.sending import RECEIVABLE_CHANNEL, notify_receivable
 
 # The dead-letter rule, once: an in-flight delivery whose invisible time ran out and that used all
 # of its group's attempts moves to the group's dead-letter queue. A conditional UPDATE: a
 # concurrent ack or receive of the same row is re-checked by Postgres. `now` is the receive's
 # clock; the periodic scan passes none and Postgres' own is used (a worker's skewed clock must
 # not expire what a consumer still holds).
-_DEAD_LETTER_SQL = (
-    "UPDATE broker_delivery d SET state = %(dlq)s, "
-    "dlq_at = coalesce(%(now)s::timestamptz, statement_timestamp()) "
-    "FROM broker_consumergroup g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id "
-    "AND (%(topic)s::bigint IS NULL OR d.topic_id = %(topic)s::bigint) "
-    "AND d.state = %(inflight)s "
-    "AND d.invisible_until <= coalesce(%(now)s::timestamptz, statement_timestamp()) "
-    "AND d.attempts >= g.max_delivery_attempts"
+# A FIFO group's message dead-lettered frees its message group: the next one is announced at
+# the commit (decision 0054).
+_DEAD_LETTER_SQL = f"""
+WITH dead AS (
+    UPDATE broker_delivery d SET state = %(dlq)s,
+        dlq_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM broker_consumergroup g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id
+        AND (%(topic)s::bigint IS NULL OR d.topic_id = %(topic)s::bigint)
+        AND d.state = %(inflight)s
+        AND d.invisible_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
+        AND d.attempts >= g.max_delivery_attempts
+    RETURNING d.topic_id, d.message_group
 )
+SELECT (SELECT count(*) FROM dead), (
+    SELECT count(pg_notify('{RECEIVABLE_CHANNEL}', concat_ws(' ', topic_id, 'released')))
+    FROM (SELECT DISTINCT topic_id FROM dead WHERE message_group <> '') freed
+)
+"""  # noqa: S608 - composed of constants only
 
 
 def _dead_letter(group_ids: list[int], topic: Topic | None, now: datetime | None) -> int:
@@ -43,7 +52,9 @@ def _dead_letter(group_ids: list[int], topic: Topic | None, now: datetime | None
                 "now": now,
             },
         )
-        return int(cursor.rowcount)
+        row = cursor.fetchone()
+    assert row is not None  # noqa: S101 - a SELECT of two expressions has one row
+    return int(row[0])
 
 
 def dead_letter_exhausted(*, group: ConsumerGroup, topic: Topic | None, now: datetime) -> int:
@@ -80,17 +91,24 @@ def message_dead_letter(
         delivery = Delivery.objects.select_related("message").get(pk=parsed[0])
     if delivery is None:
         raise invalid("receipt_handle", "The receipt handle is expired or unknown.")
+    if delivery.message_group:  # a FIFO group's next message is receivable (decision 0054)
+        notify_receivable(topic_id=delivery.topic_id, what="released")
     return delivery
 
 
 @transaction.atomic
 def dlq_resend(*, group: ConsumerGroup, msg_id: str, origin: Origin = SYSTEM) -> Delivery:
-    """Puts a dead-lettered message back: receivable at once, with a fresh attempt count."""
+    """Puts a dead-lettered message back: receivable at once, with a fresh attempt count. In a
+    FIFO group, a message of a message group goes back into its group's order: held, the first of
+    the group to be handed out once nothing of the group is in flight (decision 0054)."""
     now = timezone.now()
     updated = Delivery.objects.filter(
         Q(message__msg_id=msg_id), group=group, state=DeliveryState.DLQ
     ).update(
-        state=DeliveryState.INFLIGHT,
+        state=Case(
+            When(~Q(message_group=""), then=Value(DeliveryState.HELD)),
+            default=Value(DeliveryState.INFLIGHT),
+        ),
         attempts=0,
         invisible_until=now,
         handle_token=secrets.token_hex(12),

@@ -20,13 +20,25 @@ from apps.broker.services.sending import Appended, OutgoingMessage, commit_log_a
 
 
 def delivery_time(
-    *, delay_level: int | None, deliver_at: datetime | None, start: datetime
+    *,
+    message: OutgoingMessage,
+    delay_level: int | None,
+    deliver_at: datetime | None,
+    start: datetime,
 ) -> datetime | None:
     """When a message becomes visible: `start` + RocketMQ delay level, or an instant. None: now.
+
+    A message with a message group is never delayed, as in RocketMQ: its place in the group's
+    order is its place in the commit log (docs/decisions/0054).
 
     An instant must lie within `start` +- TXHUB_MAX_DELAY: later is the contract's 400, and a
     time far in the past (year 1 with an offset) would be stored as a timestamp psycopg cannot
     read back, which would poison every later read of the row."""
+    if message.message_group and (delay_level is not None or deliver_at is not None):
+        raise invalid(
+            "message_group",
+            "A message with a message group cannot be delayed: its order is its commit order.",
+        )
     if delay_level is not None:
         due = start + timedelta(seconds=limits.DELAY_LEVEL_SECONDS[delay_level - 1])
     elif deliver_at is not None:
@@ -36,11 +48,11 @@ def delivery_time(
     window = timedelta(seconds=settings.TXHUB_MAX_DELAY)
     limit = f"{settings.TXHUB_MAX_DELAY:.0f} s"
     if due - start > window:
-        message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) away."
-        raise invalid("deliver_at", message)
+        why = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) away."
+        raise invalid("deliver_at", why)
     if start - due > window:
-        message = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) in the past."
-        raise invalid("deliver_at", message)
+        why = f"The delivery time is more than TXHUB_MAX_DELAY ({limit}) in the past."
+        raise invalid("deliver_at", why)
     return due if due > start else None  # a time in the past is delivered at once
 
 

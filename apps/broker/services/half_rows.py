@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection
 
-from apps.broker import rows
+from apps.broker import access, rows
 from apps.broker.models import HalfMessage, ProducerGroup, Topic
 from apps.broker.services.errors import NotFound
 
@@ -65,8 +65,8 @@ def half_of(row: Any, shared: dict[tuple[type, Any], Any] | None = None) -> Half
 def owned(
     half: HalfMessage | None, transaction_id: uuid.UUID, producer_groups: Collection[str] | None
 ) -> HalfMessage:
-    if half is None or (
-        producer_groups is not None and half.producer_group.name not in producer_groups
+    if half is None or not access.producer_group_visible(
+        name=half.producer_group.name, producer_groups=producer_groups
     ):
         # Another group's transaction answers as if it did not exist.
         raise NotFound(f"Transaction {transaction_id} does not exist.")

@@ -4,6 +4,7 @@ the handle's group and its invisible time has not run out. An ack, a change of i
 and a consumer's own dead-lettering act only on a live handle."""
 
 import re
+import secrets
 from datetime import datetime
 
 from django.db.models import QuerySet
@@ -49,3 +50,11 @@ def live(
         invisible_until__gt=now,
     )
     return held if topic is None else held.filter(topic=topic)
+
+
+def hand_out(delivery: Delivery, invisible_until: datetime, now: datetime) -> None:
+    """A receive of `delivery`: one more attempt, a new handle (the earlier ones die)."""
+    delivery.attempts += 1
+    delivery.invisible_until = invisible_until
+    delivery.handle_token = secrets.token_hex(12)
+    delivery.last_received_at = now

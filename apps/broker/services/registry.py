@@ -104,11 +104,16 @@ def producer_group_rotate_secret(*, name: str, origin: Origin = SYSTEM) -> Produ
 
 
 def consumer_group_create(
-    *, name: str, max_delivery_attempts: int, consume_from: str
+    *, name: str, max_delivery_attempts: int, consume_from: str, fifo: bool = False
 ) -> ConsumerGroup:
+    """`fifo`: set once, at creation (docs/decisions/0054): turning it on or off under consumers
+    that hold messages would make the order they were promised a different one."""
     try:
         return ConsumerGroup.objects.create(
-            name=name, max_delivery_attempts=max_delivery_attempts, consume_from=consume_from
+            name=name,
+            max_delivery_attempts=max_delivery_attempts,
+            consume_from=consume_from,
+            fifo=fifo,
         )
     except IntegrityError:
         raise Conflict(f"Consumer group {name!r} already exists.") from None

@@ -34,6 +34,7 @@ class OutgoingMessage:
     tags: str = ""
     keys: list[str] = field(default_factory=list)
     properties: dict[str, str] = field(default_factory=dict)
+    message_group: str = ""  # "" for none (docs/decisions/0054)
 
     def row_fields(self) -> dict[str, Any]:
         """The columns every stored copy of a message has (half, delayed, commit log)."""
@@ -43,6 +44,7 @@ class OutgoingMessage:
             "properties": self.properties,
             "body": self.body,
             "body_is_binary": self.body_is_binary,
+            "message_group": self.message_group,
         }
 
     @classmethod
@@ -55,10 +57,15 @@ class OutgoingMessage:
             tags=row.tags,
             keys=row.keys,
             properties=row.properties,
+            message_group=row.message_group,
         )
 
 
-def queue_for(*, topic: Topic, msg_id: str) -> int:
+def queue_for(*, topic: Topic, msg_id: str, message_group: str = "") -> int:
+    # A message group's messages all go to one queue, so that its offsets hold their order
+    # (docs/decisions/0054): a stable hash of the group (a topic's queue count never changes).
+    if message_group:
+        return int(hashlib.sha256(message_group.encode()).hexdigest()[:8], 16) % topic.queues
     # msg_id is random, so this spreads messages evenly over the queues with no shared state.
     # A RocketMQ client's id is hex too ("01" + host, process, time and a counter).
     try:
@@ -109,15 +116,16 @@ def take_offsets(*, where: str = GIVEN_QUEUE, n: str = "%(n)s", from_: str = "")
 
 # append_entries: the commit-log rows of `messages`, a FROM item `m` with the columns msg_id,
 # queue_id, tags, keys, properties, body, body_is_binary, born_at, producer_group,
-# transaction_id, topic_id and i (1, 2, ...), stored at %(now)s in the queue of the `queue` CTE
-# (a take_offsets) from its first offset on, in the order of m.i.
+# transaction_id, topic_id, message_group and i (1, 2, ...), stored at %(now)s in the queue of
+# the `queue` CTE (a take_offsets) from its first offset on, in the order of m.i.
 def append_entries(*, messages: str, returning: str) -> str:
     return f"""
     INSERT INTO broker_commitlogentry (msg_id, queue_id, tags, keys, properties, body,
-        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id)
+        body_is_binary, born_at, queue_offset, producer_group, transaction_id, stored_at, topic_id,
+        message_group)
     SELECT m.msg_id, m.queue_id, m.tags, m.keys, m.properties, m.body, m.body_is_binary,
         m.born_at, queue.first_offset + m.i - 1, m.producer_group, m.transaction_id, %(now)s,
-        m.topic_id
+        m.topic_id, m.message_group
     FROM queue, {messages}
     ORDER BY m.i
     RETURNING {returning}
@@ -128,12 +136,14 @@ def append_entries(*, messages: str, returning: str) -> str:
 _GIVEN_MESSAGES = """(
     SELECT u.msg_id, %(queue_id)s::smallint AS queue_id, u.tags, u.keys::jsonb AS keys,
         u.properties::jsonb AS properties, u.body, u.body_is_binary, u.born_at,
-        u.producer_group, u.transaction_id, %(topic_id)s::bigint AS topic_id, u.i
+        u.producer_group, u.transaction_id, %(topic_id)s::bigint AS topic_id, u.message_group,
+        u.i
     FROM unnest(%(msg_ids)s::varchar[], %(tags)s::varchar[], %(keys)s::text[],
         %(properties)s::text[], %(bodies)s::bytea[], %(binary)s::bool[],
-        %(born)s::timestamptz[], %(groups)s::varchar[], %(transactions)s::uuid[])
+        %(born)s::timestamptz[], %(groups)s::varchar[], %(transactions)s::uuid[],
+        %(message_groups)s::varchar[])
         WITH ORDINALITY AS u(msg_id, tags, keys, properties, body, body_is_binary, born_at,
-            producer_group, transaction_id, i)
+            producer_group, transaction_id, message_group, i)
 ) m"""
 APPEND_SQL = f"""
 WITH queue AS ({take_offsets()})
@@ -174,6 +184,7 @@ def commit_log_append(
                 "born": [e.born_at for e in entries],
                 "groups": [e.message.producer_group for e in entries],
                 "transactions": [e.transaction_id for e in entries],
+                "message_groups": [e.message.message_group for e in entries],
             },
         )
         offsets = dict(cursor.fetchall())
@@ -188,6 +199,7 @@ class Sent:
     queue_id: int
     queue_offset: int | None  # None while the message waits for its delivery time
     deliver_at: datetime
+    message_group: str = ""
 
 
 def message_send(
@@ -243,11 +255,15 @@ def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage)
     entry = CommitLogEntry.objects.filter(msg_id=msg_id).first()
     if entry is not None:
         owned(entry)
-        return Sent(msg_id, topic, entry.queue_id, entry.queue_offset, entry.stored_at)
+        return Sent(
+            msg_id, topic, entry.queue_id, entry.queue_offset, entry.stored_at, entry.message_group
+        )
     delayed = DelayedMessage.objects.filter(msg_id=msg_id).first()
     if delayed is not None:
         owned(delayed)
-        return Sent(msg_id, topic, delayed.queue_id, None, delayed.deliver_at)
+        return Sent(
+            msg_id, topic, delayed.queue_id, None, delayed.deliver_at, delayed.message_group
+        )
     half = HalfMessage.objects.filter(msg_id=msg_id)
     if half.filter(producer_group__name=message.producer_group).exists():
         raise Conflict(f"Message id {msg_id} is in use by a transaction.")
@@ -291,7 +307,10 @@ def message_send_batch(
     batches (or a batch and a producer's commit) that take queue locks in the same order cannot
     deadlock. Offsets within a queue follow the order of the batch."""
     msg_ids = msg_ids or [new_msg_id() for _ in messages]
-    queues = [queue_for(topic=topic, msg_id=msg_id) for msg_id in msg_ids]
+    queues = [
+        queue_for(topic=topic, msg_id=msg_id, message_group=message.message_group)
+        for msg_id, (message, _) in zip(msg_ids, messages, strict=True)
+    ]
     now = timezone.now()
     sent: list[Sent | None] = [None] * len(messages)
     visible: dict[int, list[int]] = {}  # queue -> indexes of the batch, in batch order
@@ -314,7 +333,9 @@ def message_send_batch(
                     deliver_at=deliver_at,
                     born_at=now,
                 )
-                sent[i] = Sent(msg_ids[i], topic, queues[i], None, deliver_at)
+                sent[i] = Sent(
+                    msg_ids[i], topic, queues[i], None, deliver_at, message.message_group
+                )
         for queue_id in sorted(visible):
             indexes = visible[queue_id]
             offsets = commit_log_append(
@@ -324,7 +345,8 @@ def message_send_batch(
                 now=now,
             )
             for i, offset in zip(indexes, offsets, strict=True):
-                sent[i] = Sent(msg_ids[i], topic, queue_id, offset, now)
+                group = messages[i][0].message_group
+                sent[i] = Sent(msg_ids[i], topic, queue_id, offset, now, group)
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_send_before_answer")
     return [item for item in sent if item is not None]

@@ -156,7 +156,9 @@ def transaction_prepare_batch(
                 msg_id=msg_id,
                 producer_group=producer_group,
                 topic=topic,
-                queue_id=queue_for(topic=topic, msg_id=msg_id),
+                queue_id=queue_for(
+                    topic=topic, msg_id=msg_id, message_group=item.message.message_group
+                ),
                 **item.message.row_fields(),
                 born_at=now,
                 check_immunity_seconds=item.check_immunity_seconds,
@@ -180,20 +182,20 @@ def transaction_prepare_batch(
 # through unnest() would cost psycopg a type search per list and per request).
 _PREPARED_ROW = (
     "(%s::varchar, %s::int, %s::varchar, %s::jsonb, %s::jsonb, %s::bytea, %s::bool, %s::uuid, "
-    "%s::int, %s::timestamptz, %s::int, %s::timestamptz)"
+    "%s::int, %s::timestamptz, %s::int, %s::timestamptz, %s::varchar)"
 )
 
 PREPARE_SQL = """
 WITH m(msg_id, queue_id, tags, keys, properties, body, body_is_binary, transaction_id, immunity,
-    next_check_at, delay_seconds, deliver_at) AS (VALUES {rows}),
+    next_check_at, delay_seconds, deliver_at, message_group) AS (VALUES {rows}),
 half AS (
     INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body,
         body_is_binary, born_at, transaction_id, producer_group_id, topic_id, state, check_times,
         check_immunity_seconds, next_check_at, checking_until, unreachable_checks, delay_seconds,
-        deliver_at, resolved_at, resolved_by)
+        deliver_at, resolved_at, resolved_by, message_group)
     SELECT m.msg_id, m.queue_id, m.tags, m.keys, m.properties, m.body, m.body_is_binary,
         %s::timestamptz, m.transaction_id, %s::bigint, %s::bigint, %s::varchar, 0, m.immunity,
-        m.next_check_at, NULL, 0, m.delay_seconds, m.deliver_at, NULL, ''
+        m.next_check_at, NULL, 0, m.delay_seconds, m.deliver_at, NULL, '', m.message_group
     FROM m
     RETURNING id, msg_id
 ),
@@ -222,6 +224,7 @@ def _insert_prepared(halves: list[HalfMessage], actor: Actor, now: datetime) -> 
             h.next_check_at,
             h.delay_seconds,
             h.deliver_at,
+            h.message_group,
         )
     params += (now, first.producer_group_id, first.topic_id, TransactionState.PREPARED)
     params += (OpKind.PREPARE, actor.source, actor.name, now)

@@ -5,6 +5,12 @@
 //                              open for check-back, answered COMMIT by the transactionChecker
 //   node scenario.js simple    SimpleConsumer: receive EXPECT messages, ack each
 //   node scenario.js push      PushConsumer: bodies starting "poison" fail, others succeed
+//                              (FIFO or not, as the server's settings say)
+//   node scenario.js fifo_produce  sends to the message groups TXHUB_GROUPS, interleaved,
+//                              TXHUB_PER_GROUP each; tries a transaction with a group
+//   node scenario.js fifo_simple   SimpleConsumer in a FIFO group: acks all but the first
+//                              receipt of TXHUB_STUCK (left to expire), until EXPECT acks
+//   node scenario.js recall    a delayed send, recalled with its receipt's recall handle, twice
 //
 // Settings come from the environment (TXHUB_ENDPOINT, TXHUB_ACCESS_KEY, TXHUB_SECRET_KEY,
 // TXHUB_TOPIC, TXHUB_GROUP, ...). The last stdout line is the result as JSON; the client's own
@@ -41,6 +47,13 @@ const common = () => ({
   },
   requestTimeout: 10000,
   logger,
+});
+
+// A consumer of TXHUB_GROUP subscribed to every tag of TXHUB_TOPIC.
+const consumerOptions = () => ({
+  ...common(),
+  consumerGroup: env('TXHUB_GROUP'),
+  subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
 });
 
 async function produce() {
@@ -95,12 +108,7 @@ async function produce() {
 
 async function simple() {
   const expect = Number(env('TXHUB_EXPECT'));
-  const consumer = new SimpleConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
-    awaitDuration: 5000,
-  });
+  const consumer = new SimpleConsumer({ ...consumerOptions(), awaitDuration: 5000 });
   await consumer.startup();
   const received = [];
   try {
@@ -125,16 +133,18 @@ async function push() {
   const expectGood = Number(env('TXHUB_EXPECT'));
   const poisonDeliveries = Number(env('TXHUB_POISON_DELIVERIES'));
   const seen = {};
+  const calls = [];
   let good = 0;
   let poison = 0;
   const consumer = new PushConsumer({
-    ...common(),
-    consumerGroup: env('TXHUB_GROUP'),
-    subscriptions: new Map([[ env('TXHUB_TOPIC'), '*' ]]),
+    ...consumerOptions(),
     messageListener: {
       async consume(messageView) {
+        const body = messageView.body.toString();
         (seen[messageView.messageId] ??= []).push(messageView.deliveryAttempt);
-        if (messageView.body.toString().startsWith('poison')) {
+        calls.push({ group: messageView.messageGroup, body, attempt: messageView.deliveryAttempt });
+        await sleep(50); // a FIFO group's next message, were it handed out, would overlap
+        if (body.startsWith('poison')) {
           poison += 1;
           return ConsumeResult.FAILURE;
         }
@@ -144,20 +154,108 @@ async function push() {
     },
   });
   await consumer.startup();
+  let service;
   try {
     while (good < expectGood || poison < poisonDeliveries) {
       if (Date.now() > deadline) throw new Error(`push: good ${good}, poison ${poison}`);
       await sleep(100);
     }
-    // Let the last ack / nack reach the server before the consumer leaves.
+    service = consumer.getConsumeService().constructor.name;
+    // Let the last ack / nack / forward reach the server before the consumer leaves.
     await sleep(1000);
   } finally {
     await consumer.shutdown();
   }
-  return { seen };
+  return { seen, calls, consume_service: service };
 }
 
-const commands = { produce, simple, push };
+async function recall() {
+  const topic = env('TXHUB_TOPIC');
+  const producer = new Producer({ ...common(), topic });
+  await producer.startup();
+  try {
+    const sent = await producer.send({
+      topic, tag: 'TagN', body: Buffer.from('node recalled'),
+      deliveryTimestamp: new Date(Date.now() + 60000),
+    });
+    const first = await producer.recallMessage(topic, sent.recallHandle);
+    const again = await producer.recallMessage(topic, sent.recallHandle);
+    return {
+      sent: sent.messageId, handle: sent.recallHandle,
+      recalled: first.messageId, again: again.messageId,
+    };
+  } finally {
+    await producer.shutdown();
+  }
+}
+
+async function fifoProduce() {
+  const topic = env('TXHUB_TOPIC');
+  const groups = env('TXHUB_GROUPS').split(',');
+  const perGroup = Number(env('TXHUB_PER_GROUP'));
+  const producer = new Producer({
+    ...common(), topic, checker: { async check() { return TransactionResolution.COMMIT; } },
+  });
+  await producer.startup();
+  const sent = Object.fromEntries(groups.map(group => [ group, [] ]));
+  let txWithGroup = null;
+  try {
+    for (let i = 0; i < perGroup; i++) {
+      for (const group of groups) {
+        const receipt = await producer.send({
+          topic, messageGroup: group, body: Buffer.from(`${group}:${i}`),
+        });
+        sent[group].push(receipt.messageId);
+      }
+    }
+    // 1.0.8 refuses a transactional message with a group before sending it.
+    try {
+      await producer.send(
+        { topic, messageGroup: groups[0], body: Buffer.from('tx') }, producer.beginTransaction());
+    } catch (error) {
+      txWithGroup = String(error.message);
+    }
+  } finally {
+    await producer.shutdown();
+  }
+  return { sent, tx_with_group: txWithGroup };
+}
+
+async function fifoSimple() {
+  const expect = Number(env('TXHUB_EXPECT'));
+  const stuck = env('TXHUB_STUCK');
+  const consumer = new SimpleConsumer({ ...consumerOptions(), awaitDuration: 5000 });
+  await consumer.startup();
+  const batches = [];
+  let acked = 0;
+  let leftToExpire = false;
+  try {
+    while (acked < expect) {
+      if (Date.now() > deadline) throw new Error(`acked ${acked} of ${expect}`);
+      const batch = [];
+      for (const message of await consumer.receive(32, 10000)) {
+        batch.push({
+          id: message.messageId, group: message.messageGroup, attempt: message.deliveryAttempt,
+          at: Date.now(),
+        });
+        if (message.messageGroup === stuck && !leftToExpire) {
+          leftToExpire = true;
+          continue;
+        }
+        await consumer.ack(message);
+        acked += 1;
+      }
+      if (batch.length) batches.push(batch);
+    }
+  } finally {
+    await consumer.shutdown();
+  }
+  return { batches };
+}
+
+const commands = {
+  produce, simple, push, recall, fifo_produce: fifoProduce, fifo_simple: fifoSimple,
+};
 
 (async () => {
   const command = commands[process.argv[2]];

@@ -1,6 +1,7 @@
 import asyncio
 from typing import Any
 
+import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
@@ -15,4 +16,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from apps.broker.grpc.server import serve
 
-        asyncio.run(serve(host=options["host"], port=options["port"]))
+        # uvloop, as the web tier's uvicorn workers: grpc.aio runs on any asyncio loop, and
+        # uvloop's turn, hop to the executor and wake-up cost less per call (decision 0059).
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(host=options["host"], port=options["port"]))

@@ -17,8 +17,16 @@ from rocketmq.v5.exception import IllegalArgumentException
 
 from apps.broker.models import CommitLogEntry, HalfMessage
 from tests.grpc.conftest import GrpcServer, Setup
-from tests.grpc.test_python_client import receive_all
-from tests.support.grpc import Checker, Telemetry, config, consumer_of, message, signed, start
+from tests.support.grpc import (
+    Checker,
+    Telemetry,
+    config,
+    consumer_of,
+    message,
+    receive_all,
+    signed,
+    start,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,7 @@ from rocketmq import (
 from apps.broker.models import CommitLogEntry, Delivery
 from tests.conftest import client_for
 from tests.grpc.conftest import GrpcServer
-from tests.grpc.test_python_client import receive_all
-from tests.support.grpc import config, consumer_of, message, start
+from tests.support.grpc import config, consumer_of, message, receive_all, start
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e

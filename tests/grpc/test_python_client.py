@@ -21,19 +21,9 @@ from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
 from tests.conftest import client_for
 from tests.grpc.conftest import GrpcServer
-from tests.support.grpc import Checker, config, message, start
+from tests.support.grpc import Checker, config, message, receive_all, start
 
 pytestmark = pytest.mark.e2e
-
-
-def receive_all(
-    consumer: Any, count: int, *, invisible: int = 30, timeout: float = 30
-) -> list[Any]:
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count and time.monotonic() < deadline:
-        got += consumer.receive(32, invisible) or []
-    return got
 
 
 def test_sends_transactions_and_receives_with_the_python_client(

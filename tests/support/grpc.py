@@ -3,6 +3,7 @@ configuration, messages and check-back listener, and a raw Telemetry stream."""
 
 import queue
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -169,3 +170,14 @@ class Telemetry:
         if self.reader.is_alive():
             self.reader.join(timeout=WAIT)
         assert not self.errors, self.errors
+
+
+def receive_all(
+    consumer: Any, count: int, *, invisible: int = 30, timeout: float = 30
+) -> list[Any]:
+    """What a RocketMQ SimpleConsumer receives until it has `count` messages or times out."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += consumer.receive(32, invisible) or []
+    return got

@@ -23,6 +23,7 @@ from apps.broker import config_cache
 from apps.broker.api import failed_auth
 from apps.broker.services import registry
 from tests.support.ports import free_port
+from tests.support.scheduling import ModuleOrDirectoryScheduling, make_scheduler
 from tests.support.workers import log_path, redis_url
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
@@ -50,6 +51,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     processes (docs/decisions/0051) they start at once and the rest fill in around them, instead
     of one of them ending the run alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would answer first
+def pytest_xdist_make_scheduler(
+    config: pytest.Config, log: Any
+) -> ModuleOrDirectoryScheduling | None:
+    """`--dist loadfile`, with tests/spark_jobs/ as one unit (tests/support/scheduling.py)."""
+    return make_scheduler(config, log)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from celery import Celery as CeleryApp
+from kombu.connection import Connection
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -148,6 +149,17 @@ class Celery:
         worker.wait()
         self.workers.remove(worker)
 
+    def purge(self) -> None:
+        """Drops what is queued and not yet taken, on both queues (a stack shared by a module's
+        tests: an earlier test's tasks never run in a later one's)."""
+        with Connection(self.env["CELERY_BROKER_URL"]) as connection:  # type: ignore[no-untyped-call]
+            for queue in ("celery", "callbacks"):
+                connection.default_channel.queue_purge(queue)
+
+    def assert_running(self) -> None:
+        for process in [*self.workers, *([self.beat] if self.beat else [])]:
+            assert process.poll() is None, f"a shared celery process exited: {process.args!r}"
+
     def stop(self) -> None:
         for process in [*self.workers, *([self.beat] if self.beat else [])]:
             try:
@@ -162,12 +174,10 @@ class Celery:
         self.log.close()
 
 
-@pytest.fixture
-def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Celery]]:
-    started: list[Celery] = []
-
-    def start(workers: int = 1, beat: bool = True, **env: Any) -> Celery:
-        celery = Celery(tmp_path, {k: str(v) for k, v in env.items()})
+def launch(tmp: Path, workers: int = 1, beat: bool = True, **env: Any) -> Celery:
+    """Celery as scripts/run.sh starts it, once it is ready."""
+    celery = Celery(tmp, {k: str(v) for k, v in env.items()})
+    try:
         for _ in range(workers):
             celery.start_worker()
         # The callbacks worker of scripts/run.sh: check calls never wait behind scans.
@@ -175,8 +185,20 @@ def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
         celery.start_worker(concurrency=callbacks, queue="callbacks")
         if beat:
             celery.start_beat()
-        started.append(celery)
         celery.wait_ready()
+    except BaseException:
+        celery.stop()
+        raise
+    return celery
+
+
+@pytest.fixture
+def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..., Celery]]:
+    """A stack of the test's own, with the settings it asks for."""
+    started: list[Celery] = []
+
+    def start(workers: int = 1, beat: bool = True, **env: Any) -> Celery:
+        started.append(celery := launch(tmp_path, workers, beat, **env))
         return celery
 
     yield start
@@ -184,9 +206,22 @@ def start_celery(transactional_db: None, tmp_path: Path) -> Iterator[Callable[..
         celery.stop()
 
 
+@pytest.fixture(scope="module")
+def module_celery(django_db_setup: None, tmp_path_factory: Any) -> Iterator[Celery]:
+    """The default stack (one scans worker, the callbacks worker, beat), started once for all
+    of a module's tests that ask for `celery_processes` (docs/decisions/0058)."""
+    celery = launch(Path(tmp_path_factory.mktemp("celery")))
+    yield celery
+    celery.stop()
+
+
 @pytest.fixture
-def celery_processes(start_celery: Callable[..., Celery]) -> Celery:
-    return start_celery()
+def celery_processes(transactional_db: None, module_celery: Celery) -> Celery:
+    """The module's shared stack, still running, with nothing left queued by an earlier test:
+    each test's rows are its own (a transactional test's flush) and its checker is new."""
+    module_celery.assert_running()
+    module_celery.purge()
+    return module_celery
 
 
 class PrivateRedis:

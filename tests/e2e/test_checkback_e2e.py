@@ -161,9 +161,8 @@ def test_check_immunity_delays_the_first_check(
 
 
 def test_an_unreachable_checker_is_retried_without_using_the_budget(
-    start_celery: Any, api: APIClient
+    celery_processes: Any, api: APIClient
 ) -> None:
-    start_celery()
     expect(api.post("/api/v1/topics", {"name": "orders", "queues": 1}, format="json"), 201)
     group = api.post(
         "/api/v1/producer-groups",

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import requests
 from django.conf import settings
+from django.db.backends.signals import connection_created
 from rest_framework.test import APIClient
 
 from apps.broker import config_cache
@@ -59,6 +60,19 @@ def pytest_xdist_make_scheduler(
 ) -> ModuleOrDirectoryScheduling | None:
     """`--dist loadfile`, with tests/spark_jobs/ as one unit (tests/support/scheduling.py)."""
     return make_scheduler(config, log)
+
+
+def _outlast_deadlocks(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """The test process's own sessions wait 10 s before they look for a deadlock; servers and
+    workers keep Postgres' 1 s. The TRUNCATE that empties the test database between tests can
+    meet a module's Celery scan or a server still answering in a lock cycle: the server's
+    session is then the one Postgres cancels (it runs again at its next tick), not the flush,
+    whose failure would leave the next tests a database that is not empty."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET deadlock_timeout = '10s'")
+
+
+connection_created.connect(_outlast_deadlocks)
 
 
 @pytest.fixture

@@ -34,6 +34,11 @@ if "TXHUB_ALLOW_HTTP_CALLBACKS" not in os.environ:
     os.environ["TXHUB_ALLOW_HTTP_CALLBACKS"] = "1"
     settings.TXHUB_ALLOW_HTTP_CALLBACKS = True
 
+# The JVMs the tests start (Spark's driver, a standalone master, worker and executor) run for
+# seconds on tiny data: compiled by C1 alone, with one GC thread, they cost half the CPU
+# (docs/decisions/0060). An explicit environment wins.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

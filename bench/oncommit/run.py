@@ -122,6 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=6)
     parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument(
+        "--settle", type=float, default=10, help="s with nothing consumed before counting the rest"
+    )
     args = parser.parse_args()
     create_database()
     import django
@@ -137,7 +140,7 @@ def main() -> None:
     time.sleep(3)  # the worker is up
     started, started_wall = time.monotonic(), time.time()
     producer(args.producers, args.seconds).wait()
-    orders, published, finished = drain(timeout=120, quiet=10)
+    orders, published, finished = drain(timeout=120, quiet=args.settle)
     # From the first order (the producer's start-up is not the workload) to the last consumed.
     from django.db.models import Min
     from shop.models import Order
@@ -174,12 +177,12 @@ def main() -> None:
         kill(consumer)
         consumer = worker()
     running.wait()
-    orders, published, _ = drain(timeout=30, quiet=10)
+    orders, published, _ = drain(timeout=30, quiet=args.settle)
     kill(consumer)
     print(
         f"  worker killed 3x:    {orders - published} of {orders} committed orders not consumed "
-        f"10 s later (acked at start and lost, or prefetched and held for the 1 h visibility "
-        "timeout)"
+        f"{args.settle:g} s later (acked at start and lost, or prefetched and held for the 1 h "
+        "visibility timeout)"
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.apps import apps
+from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -25,12 +26,15 @@ ERROR_SIZE = MAX_ERROR_BYTES + 1024
 
 
 def table_counts() -> dict[str, int]:
-    """Rows in every table of the project's own models."""
-    return {
-        model._meta.label: model._default_manager.count()
-        for model in apps.get_models()
-        if model._meta.app_label in {"broker", "console"}
-    }
+    """Rows in every table of the project's own models, read in one statement."""
+    models = [m for m in apps.get_models() if m._meta.app_label in {"broker", "console"}]
+    quote = connection.ops.quote_name
+    # Table names from the models, quoted: nothing of a test's input.
+    counts = ", ".join(f"(SELECT count(*) FROM {quote(m._meta.db_table)})" for m in models)  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {counts}")
+        row = cursor.fetchone()
+    return {model._meta.label: int(count) for model, count in zip(models, row, strict=True)}
 
 
 @pytest.fixture

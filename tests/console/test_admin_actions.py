@@ -26,7 +26,7 @@ def prepared(n: int) -> list[HalfMessage]:
 def test_bulk_rollback_asks_a_reason_then_records_it(db: None) -> None:
     halves = prepared(2)
     client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw-12345678"))
+    client.force_login(User.objects.create_superuser("root"))
     url = "/admin/broker/halfmessage/"
     selected = {"action": "rollback_selected", "_selected_action": [h.pk for h in halves]}
     asked = client.post(url, selected)
@@ -42,7 +42,7 @@ def test_bulk_rollback_asks_a_reason_then_records_it(db: None) -> None:
 
 def test_a_staff_viewer_cannot_act_from_the_admin(db: None) -> None:
     [half] = prepared(1)
-    user = User.objects.create_user("vera", password="pw-12345678", is_staff=True)
+    user = User.objects.create_user("vera", is_staff=True)
     user.groups.add(Group.objects.get_or_create(name="txhub-viewers")[0])
     from django.contrib.auth.models import Permission
 
@@ -63,7 +63,7 @@ def test_a_staff_viewer_cannot_act_from_the_admin(db: None) -> None:
 def test_op_records_are_read_only_in_the_admin(db: None) -> None:
     [half] = prepared(1)
     client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw-12345678"))
+    client.force_login(User.objects.create_superuser("root"))
     op = OpRecord.objects.get(half=half)
     assert client.get(f"/admin/broker/oprecord/{op.pk}/change/").status_code == 200  # view only
     assert (

@@ -14,7 +14,7 @@ REGISTERED = sorted(admin.site._registry, key=lambda model: model._meta.label)
 
 
 def staff(name: str) -> tuple[User, Client]:
-    user = User.objects.create_user(name, password="pw-12345678", is_staff=True)
+    user = User.objects.create_user(name, is_staff=True)
     client = Client()
     client.force_login(user)
     return user, client

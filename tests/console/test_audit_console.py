@@ -133,7 +133,7 @@ def test_the_audit_page_is_paginated(setup: dict[str, Any]) -> None:
         )
         for n in range(60)
     )
-    admin = User.objects.create_superuser("root", password="pw-12345678")
+    admin = User.objects.create_superuser("root")
     client = Client()
     client.force_login(admin)
     first = client.get("/console/audit/").content.decode()
@@ -158,7 +158,7 @@ def test_the_audit_page_and_its_link_are_refused_to_a_viewer(setup: dict[str, An
 def test_the_django_admin_shows_the_audit_record_read_only(setup: dict[str, Any]) -> None:
     registry.producer_group_rotate_secret(name="shop")
     record = AuditRecord.objects.get()
-    admin = User.objects.create_superuser("root", password="pw-12345678")
+    admin = User.objects.create_superuser("root")
     client = Client()
     client.force_login(admin)
     assert client.get("/admin/broker/auditrecord/").status_code == 200

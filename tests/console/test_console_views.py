@@ -91,7 +91,7 @@ def test_a_parked_transaction_is_resumed_by_an_operator(half: HalfMessage) -> No
 
 
 def test_actions_need_csrf(half: HalfMessage) -> None:
-    user = User.objects.create_superuser("root", password="pw-12345678")
+    user = User.objects.create_superuser("root")
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     response = client.post(

@@ -63,7 +63,7 @@ def test_an_operator_creates_a_fifo_group_and_its_page_shows_the_held_groups() -
 
 @pytest.mark.django_db
 def test_the_admin_shows_and_filters_fifo_groups() -> None:
-    root = User.objects.create_superuser("root", password="pw-12345678")  # noqa: S106
+    root = User.objects.create_superuser("root")
     admin = Client()
     admin.force_login(root)
     for name, fifo in (("ledger", True), ("plain", False)):

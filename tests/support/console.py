@@ -7,7 +7,7 @@ from django.test import Client
 def login(role: str | None, name: str) -> Client:
     """A client signed in as a new user `name` in the group `role` (None: no group;
     "superuser": a superuser)."""
-    user = User.objects.create_user(name, password="pw-12345678")
+    user = User.objects.create_user(name)
     if role == "superuser":
         user.is_superuser = True
         user.save()

@@ -118,7 +118,7 @@ redis_up() {
   log "starting Redis on 127.0.0.1:$REDIS_PORT"
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes --dir "$VAR/redis" \
     --pidfile "$VAR/redis/redis.pid" --logfile "$VAR/redis/redis.log" \
-    --appendonly yes --save ""
+    --appendonly yes --save "" --databases 32
   for _ in $(seq 50); do
     redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1 && return 0
     sleep 0.1

@@ -19,9 +19,9 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 Role = Literal["celery", "cache", "spare"]
 _OFFSET: dict[Role, int] = {"celery": 0, "cache": 1, "spare": 2}
 # A plain run keeps the databases it always used; worker N takes three of its own from 5 on
-# (Redis has 16, so at most three workers).
+# (scripts/services.sh gives Redis 32 databases, so at most nine workers).
 _PLAIN: dict[Role, int] = {"celery": 1, "cache": 4, "spare": 2}
-MAX_WORKERS = 3
+MAX_WORKERS = 9
 
 
 def redis_db(role: Role) -> int:
@@ -29,7 +29,7 @@ def redis_db(role: Role) -> int:
         return _PLAIN[role]
     index = int(WORKER.removeprefix("gw"))
     if index >= MAX_WORKERS:
-        raise RuntimeError(f"at most {MAX_WORKERS} xdist workers: Redis has 16 databases")
+        raise RuntimeError(f"at most {MAX_WORKERS} xdist workers: Redis has 32 databases")
     return 5 + 3 * index + _OFFSET[role]
 
 

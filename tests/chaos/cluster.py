@@ -2,6 +2,7 @@
 directory on free ports (never the ones `make run` uses), gunicorn, Celery workers and beat started
 the way scripts/run.sh starts them, and handles to crash, pause and restart each part."""
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -261,8 +262,7 @@ class Cluster:
     def celery_restart(self, **env: str) -> None:
         """Workers and beat stopped and started again with these variables added (a failpoint
         armed, say) or, with none, the cluster's own environment again."""
-        for process in self._celery_processes():
-            _killpg(process, signal.SIGTERM, wait=20)
+        _killpg_all(self._celery_processes(), signal.SIGTERM, wait=20)
         self.workers, self.beat, self.more_beats = [], None, []
         saved = dict(self.env)
         self.env.update(env)
@@ -301,9 +301,8 @@ class Cluster:
         return port
 
     def stop(self) -> None:
-        for process in [*self._celery_processes(), self.web, self.grpc]:
-            if process is not None:
-                _killpg(process, signal.SIGTERM, wait=10)
+        running = [*self._celery_processes(), self.web, self.grpc]
+        _killpg_all([process for process in running if process is not None], signal.SIGTERM, 10)
         if getattr(self, "redis", None) is not None:
             _killpg(self.redis, signal.SIGTERM, wait=10)
         self.pg_stop()
@@ -327,6 +326,22 @@ def celery_commands(tmp: Path, beats: int = 1) -> list[list[str]]:
         + ["--schedule", str(tmp / f"beat-{name}-{n}")]
         for n in range(beats)
     ]
+
+
+def _killpg_all(processes: list[subprocess.Popen[bytes]], sig: int, wait: float) -> None:
+    """`sig` to every process group at once (they stop side by side), then each waited for
+    until `wait` s from now; one still running then is killed."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+    deadline = time.monotonic() + wait
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _killpg(process: subprocess.Popen[bytes], sig: int, wait: float = 10) -> None:

@@ -134,7 +134,7 @@ def check(
     sent = {op.value["body"] for op in history.of("send", "prepare")}
     report.lost = sorted(must - bodies)
     report.unexpected = sorted((bodies & must_not) | (bodies - sent))
-    report.duplicated = _duplicates(history, received)
+    report.duplicated = duplicates(history, received)
     log = _grouped_log(topic, sql) if fifo_group else []
     report.skipped = _skips(received, topic, sql, {row.msg_id: row.message_group for row in log})
     if fifo_group:
@@ -162,7 +162,7 @@ def _malformed(history: History) -> list[str]:
     return found
 
 
-def _duplicates(history: History, received: list[Delivery]) -> list[str]:
+def duplicates(history: History, received: list[Delivery]) -> list[str]:
     acked_at: dict[str, float] = {}  # receipt handle -> when its ack was answered ok
     acks = history.of("ack")
     for op in acks:
@@ -170,13 +170,18 @@ def _duplicates(history: History, received: list[Delivery]) -> list[str]:
             for handle in op.result["body"]["acked"]:
                 acked_at[handle] = op.completed
     received_at = {d.handle: d.invoked for d in received}
+    forgotten = _forgotten(received)
     for retry in acks:
         first = retry.value.get("retry_of")
         if first is None or retry.type != "ok" or retry.completed is None:
             continue
         # A handle the retry calls invalid although still inside its invisible time (10 s) was
         # acked by the attempt whose answer was lost: it counts as acked from that attempt on.
+        # Unless a crash undid the receive that gave it out (the message came again with no
+        # higher attempt): then the handle is invalid because no delivery of it exists.
         for handle in retry.result["body"]["invalid"]:
+            if handle in forgotten:
+                continue
             if retry.completed < received_at.get(handle, 0) + 9:
                 acked_at[handle] = min(acked_at.get(handle, 1e18), _done(history.ops[first]))
     by_msg: dict[str, list[Delivery]] = defaultdict(list)
@@ -267,6 +272,20 @@ def _skips(received: list[Delivery], topic: str, sql: Any, group_of: dict[str, s
             missing = sorted(logged[queue_id] - got[queue_id])[:5]
             found.append(f"q{queue_id}: offsets never received {missing}")
     return found
+
+
+def _forgotten(received: list[Delivery]) -> set[str]:
+    """Handles of receives the server forgot (a crash undid their commit): the same message was
+    delivered again later with no higher attempt number."""
+    by_msg: dict[str, list[Delivery]] = defaultdict(list)
+    for d in received:
+        by_msg[d.msg_id].append(d)
+    return {
+        d.handle
+        for ds in by_msg.values()
+        for d in ds
+        if any(later.invoked > d.invoked and later.attempt <= d.attempt for later in ds)
+    }
 
 
 def _receives_undone(received: list[Delivery]) -> int:

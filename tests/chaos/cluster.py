@@ -345,12 +345,4 @@ def _killpg_all(processes: list[subprocess.Popen[bytes]], sig: int, wait: float)
 
 
 def _killpg(process: subprocess.Popen[bytes], sig: int, wait: float = 10) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=wait)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    _killpg_all([process], sig, wait)

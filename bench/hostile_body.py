@@ -84,7 +84,7 @@ def one(what: str, path: str, body: bytes, token: str) -> None:
         # As scripts/run.sh starts the web tier (ASGI, uvicorn worker), with one worker process.
         [str(Path(sys.executable).parent / "gunicorn"), "txhub.asgi:application",
          "--worker-class", "txhub.worker.TxhubWorker",
-         "--bind", f"127.0.0.1:{port}", "--workers", "1", "--timeout", "300"],
+         "--bind", f"127.0.0.1:{port}", "--workers", "1", "--timeout", "300", "--preload"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -44,7 +44,7 @@ access_log=()
 if [ -n "${TXHUB_ACCESS_LOG:-}" ]; then access_log=(--access-logfile "$TXHUB_ACCESS_LOG"); fi
 "$BIN/gunicorn" txhub.asgi:application --bind "127.0.0.1:$PORT" \
   --worker-class txhub.worker.TxhubWorker --workers "${TXHUB_WEB_WORKERS:-2}" \
-  "${access_log[@]}" --graceful-timeout 10 &
+  "${access_log[@]}" --graceful-timeout 10 --preload &
 pids+=($!)
 # The RocketMQ 5 gRPC door (apps/broker/grpc): TXHUB_GRPC_PROCESSES processes share the port
 # (SO_REUSEPORT), as gunicorn's workers share the web port.

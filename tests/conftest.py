@@ -25,6 +25,7 @@ from apps.broker.api import failed_auth
 from apps.broker.services import registry
 from tests.support.ports import free_port
 from tests.support.scheduling import ModuleOrDirectoryScheduling, make_scheduler
+from tests.support.web import web_command
 from tests.support.workers import log_path, redis_url
 
 # The tests' producers listen on http://127.0.0.1, as `make test` allows (scripts/test.sh): the
@@ -169,22 +170,6 @@ class Server:
     def token(self, *scopes: str) -> dict[str, str]:
         _, raw = registry.token_create(name="http-test", scopes=list(scopes))
         return {"Authorization": f"Bearer {raw}"}
-
-
-def web_command(port: int, *, workers: int, graceful_timeout: int = 30) -> list[str]:
-    """The web server command line of scripts/run.sh (docs/decisions/0024)."""
-    return [
-        str(BIN / "gunicorn"),
-        "txhub.asgi:application",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--worker-class",
-        "txhub.worker.TxhubWorker",
-        "--workers",
-        str(workers),
-        "--graceful-timeout",
-        str(graceful_timeout),
-    ]
 
 
 def start_gunicorn(

@@ -20,6 +20,7 @@ import requests
 from celery import Celery as CeleryApp
 
 from tests.support.ports import free_port
+from tests.support.web import web_command
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -195,17 +196,7 @@ class Cluster:
         """As scripts/run.sh starts it: ASGI, uvicorn workers (docs/decisions/0024); `env` adds
         variables for this start only."""
         self.web = self._spawn(
-            str(BIN / "gunicorn"),
-            "txhub.asgi:application",
-            "--bind",
-            f"127.0.0.1:{self.web_port}",
-            "--worker-class",
-            "txhub.worker.TxhubWorker",
-            "--workers",
-            str(self.web_workers),
-            "--graceful-timeout",
-            "5",
-            env=env,
+            *web_command(self.web_port, workers=self.web_workers, graceful_timeout=5), env=env
         )
         wait_for(lambda: requests.get(self.base + "/healthz", timeout=1).ok, 30, "gunicorn")
 

@@ -55,14 +55,8 @@ class Celery:
         self.log = (tmp / "celery.log").open("a")
         self.workers: list[subprocess.Popen[bytes]] = []
         self.beat: subprocess.Popen[bytes] | None = None
-        subprocess.run(
-            # Both queues: a check-back task another test left behind must not run here.
-            [str(BIN / "celery"), "-A", "txhub", "purge", "-f", "-Q", "celery,callbacks"],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            check=False,
-        )
+        # Both queues: a check-back task another test left behind must not run here.
+        self.purge()
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

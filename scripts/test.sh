@@ -29,7 +29,7 @@ else
     workers=$(((databases - 5) / 3))
   fi
   .venv/bin/pytest -n "$workers" --dist loadfile -m "not perf" || status=$?
-  .venv/bin/pytest -m perf || status=$?
+  .venv/bin/pytest -m perf tests/e2e || status=$?
 fi
 [ "$was_running" = 1 ] || scripts/services.sh down
 exit "$status"

@@ -60,6 +60,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+# scripts/test.sh collects only this directory for its `perf` run (a whole collection costs
+# seconds): a `perf` test anywhere else would run in neither of its two runs.
+PERF_DIRECTORY = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A `perf` test outside PERF_DIRECTORY is a collection error, not a test that never runs."""
+    if item.get_closest_marker("perf") and PERF_DIRECTORY not in item.path.parents:
+        raise pytest.UsageError(f"{item.nodeid}: a perf test must live under {PERF_DIRECTORY}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would answer first
 def pytest_xdist_make_scheduler(
     config: pytest.Config, log: Any

@@ -5,10 +5,11 @@ when processes are killed with SIGKILL.
 - rate: N producer threads for `--seconds`; messages/s = orders over the time until the worker
   has consumed every event.
 - producer killed: the producer (the web process of a Django app) is SIGKILLed 5 times while
-  it runs (each kill 0.1-0.5 s after it has
+  it runs (`--producer-kills`, each kill 0.1-0.5 s after it has
   committed its first 100 orders); orders committed whose on_commit publish never reached
   Redis are orders without a consumed event once the worker has drained the queue.
-- worker killed: the Celery worker is SIGKILLed 3 times while it consumes, and restarted.
+- worker killed: the Celery worker is SIGKILLed 3 times (`--worker-kills`) while it consumes, and
+  restarted.
   Celery's default acks the task message when it starts, so the tasks it held are gone; the ones
   it had only prefetched come back after Redis's visibility timeout (an hour by default): counted
   as missing after a 10 s drain.
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument(
         "--settle", type=float, default=10, help="s with nothing consumed before counting the rest"
     )
+    parser.add_argument("--producer-kills", type=int, default=5)
+    parser.add_argument("--worker-kills", type=int, default=3)
     args = parser.parse_args()
     create_database()
     import django
@@ -154,7 +157,7 @@ def main() -> None:
 
     # 2. The producer (web process) killed between commit and publish.
     reset()
-    for _ in range(5):
+    for _ in range(args.producer_kills):
         before = counts()[0]
         running = producer(args.producers, 30)
         while counts()[0] < before + 100:  # it is producing (past its start-up)
@@ -163,8 +166,8 @@ def main() -> None:
         kill(running)
     orders, published, _ = drain(timeout=30, quiet=3)
     print(
-        f"  producer killed 5x:  {orders - published} of {orders} committed orders never published "
-        f"(SIGKILL after COMMIT, before on_commit reached Redis)"
+        f"  producer killed {args.producer_kills}x:  {orders - published} of {orders} committed "
+        "orders never published (SIGKILL after COMMIT, before on_commit reached Redis)"
     )
 
     # 3. The worker killed while it consumes.
@@ -172,7 +175,7 @@ def main() -> None:
     kill(consumer)
     running = producer(args.producers, args.seconds)
     consumer = worker()
-    for _ in range(3):
+    for _ in range(args.worker_kills):
         time.sleep(random.uniform(0.5, 1.5))
         kill(consumer)
         consumer = worker()
@@ -180,9 +183,9 @@ def main() -> None:
     orders, published, _ = drain(timeout=30, quiet=args.settle)
     kill(consumer)
     print(
-        f"  worker killed 3x:    {orders - published} of {orders} committed orders not consumed "
-        f"{args.settle:g} s later (acked at start and lost, or prefetched and held for the 1 h "
-        "visibility timeout)"
+        f"  worker killed {args.worker_kills}x:    {orders - published} of {orders} committed "
+        f"orders not consumed {args.settle:g} s later (acked at start and lost, or prefetched "
+        "and held for the 1 h visibility timeout)"
     )
 
 

@@ -102,7 +102,11 @@ def test_waiting_runs(gunicorn: str) -> None:
 
 
 def test_the_on_commit_comparison_runs() -> None:
-    out = run_bench("oncommit/run.py", "--seconds", "1", "--producers", "2", "--settle", "2")
+    out = run_bench(
+        "oncommit/run.py",
+        *("--seconds", "1", "--producers", "2", "--settle", "2"),
+        *("--producer-kills", "1", "--worker-kills", "1"),
+    )
     assert "django on_commit + celery" in out, out
 
 

@@ -13,6 +13,10 @@ scripts/services.sh up
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 # The tests use the local services above, even while `make run-ha` runs (var/ha/env is not read).
 export TXHUB_HA_ENV_FILE=""
+# Python's bytecode caches, even where the environment turns them off: the run starts hundreds of
+# Python processes (servers, workers, commands), each of which would compile txhub's modules
+# again, and pytest would rewrite every test module's asserts again in each of its processes.
+unset PYTHONDONTWRITEBYTECODE
 # Each test process has Redis databases and a test database of its own, never `make run`'s
 # (tests/support/workers.py), so a test run beside a running `make run` leaves it alone.
 status=0

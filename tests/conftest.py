@@ -68,7 +68,8 @@ PERF_DIRECTORY = Path(__file__).resolve().parent / "e2e"
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A `perf` test outside PERF_DIRECTORY is a collection error, not a test that never runs."""
     if item.get_closest_marker("perf") and PERF_DIRECTORY not in item.path.parents:
-        raise pytest.UsageError(f"{item.nodeid}: a perf test must live under {PERF_DIRECTORY}")
+        # Not UsageError: an xdist worker would end with "no tests ran" and drop the message.
+        raise RuntimeError(f"{item.nodeid}: a perf test must live under {PERF_DIRECTORY}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would answer first

@@ -184,11 +184,8 @@ def duplicates(history: History, received: list[Delivery]) -> list[str]:
                 continue
             if retry.completed < received_at.get(handle, 0) + 9:
                 acked_at[handle] = min(acked_at.get(handle, 1e18), _done(history.ops[first]))
-    by_msg: dict[str, list[Delivery]] = defaultdict(list)
-    for d in received:
-        by_msg[d.msg_id].append(d)
     found = []
-    for msg_id, ds in by_msg.items():
+    for msg_id, ds in _by_message(received).items():
         first_ack = min((acked_at[d.handle] for d in ds if d.handle in acked_at), default=None)
         if first_ack is not None and any(d.invoked > first_ack for d in ds):
             found.append(msg_id)
@@ -274,15 +271,20 @@ def _skips(received: list[Delivery], topic: str, sql: Any, group_of: dict[str, s
     return found
 
 
-def _forgotten(received: list[Delivery]) -> set[str]:
-    """Handles of receives the server forgot (a crash undid their commit): the same message was
-    delivered again later with no higher attempt number."""
+def _by_message(received: list[Delivery]) -> dict[str, list[Delivery]]:
+    """Each message's deliveries, in the order they were received."""
     by_msg: dict[str, list[Delivery]] = defaultdict(list)
     for d in received:
         by_msg[d.msg_id].append(d)
+    return by_msg
+
+
+def _forgotten(received: list[Delivery]) -> set[str]:
+    """Handles of receives the server forgot (a crash undid their commit): the same message was
+    delivered again later with no higher attempt number."""
     return {
         d.handle
-        for ds in by_msg.values()
+        for ds in _by_message(received).values()
         for d in ds
         if any(later.invoked > d.invoked and later.attempt <= d.attempt for later in ds)
     }

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import requests
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -29,6 +30,7 @@ from apps.broker.models import CommitLogEntry, Topic
 from apps.broker.services import registry, sending
 from tests.conftest import db_url_for_tests, start_gunicorn
 from tests.support.listening import hub_listening, listening_hubs
+from tests.support.pgwire import StatementCounter
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +52,7 @@ def _enough_file_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def serve(**env: str) -> Iterator[tuple[int, dict[str, str]]]:
+def serve(database_url: str = "", **env: str) -> Iterator[tuple[int, dict[str, str]]]:
     registry.topic_create(name="idle", queues=4)
     registry.topic_create(name="busy", queues=4)
     registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
@@ -62,7 +64,7 @@ def serve(**env: str) -> Iterator[tuple[int, dict[str, str]]]:
         workers=WORKERS,
         threads=16,
         extra_env={
-            "DATABASE_URL": f"{db_url_for_tests()}?application_name={WEB_APP}",
+            "DATABASE_URL": database_url or f"{db_url_for_tests()}?application_name={WEB_APP}",
             "TXHUB_DB_POOL_SIZE": str(POOL_SIZE),
             **env,
         },
@@ -333,32 +335,23 @@ def test_300_trickling_requests_do_not_stop_a_normal_request(web: Any) -> None:
     assert slowest < 1.0, f"a normal request took {slowest:.2f} s beside 300 trickling ones"
 
 
-def settled_transactions() -> int:
-    """Transactions on the test database so far, every session's (each query outside a
-    transaction block is one). A backend that goes idle reports its counts up to 10 s later
-    (PostgreSQL's PGSTAT_IDLE_INTERVAL): this waits that long, with nothing asking in the meantime,
-    and reads from another database so that its own read is not counted."""
-    import psycopg
-
-    connection.close()  # this test's own session: its counts are reported as it ends
-    time.sleep(11)
-    db = connection.settings_dict
-    with psycopg.connect(
-        dbname="postgres", user=db["USER"], host=db["HOST"], port=db["PORT"], autocommit=True
-    ) as other:
-        row = other.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
-            [db["NAME"]],
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 @pytest.fixture
-def web_long_cache(transactional_db: None) -> Iterator[tuple[int, dict[str, str]]]:
-    """Cached configuration kept 120 s: none of it expires while the test below waits for
-    Postgres's counts to settle."""
-    yield from serve(TXHUB_CONFIG_CACHE_SECONDS="120")
+def web_counted(transactional_db: None) -> Iterator[tuple[int, dict[str, str], StatementCounter]]:
+    """A server whose every Postgres connection passes a proxy that counts its statements: what
+    this server asked, exactly and at once (Postgres's own counts are per database, every
+    session's, and reported up to 10 s late). Cached configuration is kept 120 s: none of it
+    expires during the test."""
+    db = connection.settings_dict
+    counter = StatementCounter((db["HOST"], int(db["PORT"])))
+    url = (
+        f"postgres://{db['USER']}@127.0.0.1:{counter.port}/{db['NAME']}"
+        f"?application_name={WEB_APP}&sslmode=disable"
+    )
+    try:
+        for port, headers in serve(url, TXHUB_CONFIG_CACHE_SECONDS="120"):
+            yield port, headers, counter
+    finally:
+        counter.close()
 
 
 async def receive_again_and_again(
@@ -385,15 +378,15 @@ async def receive_again_and_again(
 
 @pytest.mark.timeout(120)
 def test_consumers_asking_again_on_an_empty_topic_cost_postgres_almost_nothing(
-    web_long_cache: Any,
+    web_counted: Any,
 ) -> None:
     # Docs/decisions/0026: the token, group, topic and binding come from each process's cache,
     # and the try is skipped while the hub knows the pair is empty. Without both, each of these
-    # receives is 5 or more queries.
-    port, headers = web_long_cache
+    # receives is 5 or more statements.
+    port, headers, counter = web_counted
     consumers, rounds = 50, 4
     # A few consumers that never stop (as in production): each web process keeps waiters, so its
-    # fallback check keeps renewing what it knows to be empty while the counts settle.
+    # fallback check keeps renewing what it knows to be empty.
     stop = threading.Event()
     background: list[int] = []
 
@@ -407,21 +400,32 @@ def test_consumers_asking_again_on_an_empty_topic_cost_postgres_almost_nothing(
     try:
         warm = asyncio.run(receive_again_and_again(port, headers, consumers, 1, lambda n: n < 2))
         assert set(warm) == {200}
-        before = settled_transactions()
+        before, started = counter.snapshot(), time.monotonic()
         answers = asyncio.run(
             receive_again_and_again(port, headers, consumers, 1, lambda n: n < rounds)
         )
+        after, elapsed = counter.snapshot(), time.monotonic() - started
         assert answers == [200] * (consumers * rounds)
     finally:
         stop.set()
         steady_thread.join()
     assert background
     assert set(background) == {200}
-    spent = settled_transactions() - before
-    # 200 receives over ~4 s, and the steady consumers' for ~8 s more: what is left is the fallback
-    # checks (one a second per web process while it has waiters). A receive that read anything
-    # would be 5 x 200 = 1000.
-    assert spent < consumers * rounds / 4, f"{spent} transactions for {consumers * rounds} receives"
+    assert counter.errors == []
+    # Positive control: the warm-up's first tries went through the proxy and were counted.
+    assert before["pool"] >= 5, before
+    assert before["listen"] >= 2, before
+    receives = after["pool"] - before["pool"]
+    checks = after["listen"] - before["listen"]
+    # Each receive that tried would be a statement at least (the check of its queues), and five
+    # more without the cache: 200 to 1,000 here.
+    assert receives < consumers * rounds / 8, (
+        f"{receives} statements for {consumers * rounds} receives"
+    )
+    # The fallback checks: at most two statements (revoked tokens, receivable pairs) a period per
+    # web process, whatever the number of waiters.
+    periods = elapsed / settings.TXHUB_LONG_POLL_FALLBACK + 1
+    assert checks <= 2 * WORKERS * periods, f"{checks} statements in {elapsed:.1f} s of checks"
 
 
 def test_a_revoked_token_and_a_new_binding_hold_at_once_on_every_web_process(web: Any) -> None:

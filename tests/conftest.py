@@ -244,3 +244,21 @@ def checker() -> Iterator[Any]:
     fake = Checker()
     yield fake
     fake.close()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None) -> Iterator[None]:  # noqa: F811 - pytest-django's, wrapped
+    """pytest-django's test database, whose other sessions are ended before it is dropped: the
+    threads of this process each kept a connection of Django's (a thread's own), idle since its
+    test, and DROP DATABASE refuses a database anyone is connected to."""
+    yield
+    import psycopg
+
+    db = settings.DATABASES["default"]
+    with psycopg.connect(
+        dbname="postgres", user=db["USER"], host=db["HOST"], port=db["PORT"], autocommit=True
+    ) as other:
+        other.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE datname = %s",
+            [db["NAME"]],
+        )

@@ -255,6 +255,8 @@ def django_db_setup(django_db_setup: None) -> Iterator[None]:  # noqa: F811 - py
     import psycopg
 
     db = settings.DATABASES["default"]
+    # Never `make run`'s database: only one pytest-django made for this run.
+    assert str(db["NAME"]).startswith("test_"), db["NAME"]
     with psycopg.connect(
         dbname="postgres", user=db["USER"], host=db["HOST"], port=db["PORT"], autocommit=True
     ) as other:

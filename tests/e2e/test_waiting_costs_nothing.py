@@ -345,7 +345,7 @@ def web_counted(transactional_db: None) -> Iterator[tuple[int, dict[str, str], S
     counter = StatementCounter((db["HOST"], int(db["PORT"])))
     url = (
         f"postgres://{db['USER']}@127.0.0.1:{counter.port}/{db['NAME']}"
-        f"?application_name={WEB_APP}&sslmode=disable"
+        f"?application_name={WEB_APP}&sslmode=disable&gssencmode=disable"
     )
     try:
         for port, headers in serve(url, TXHUB_CONFIG_CACHE_SECONDS="120"):

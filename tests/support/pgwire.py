@@ -7,7 +7,8 @@ SSLRequest or GSSENCRequest, each answered with one byte, then the StartupMessag
 is a type byte and a length that counts itself. A statement is one Query ('Q', the simple
 protocol) or one Execute ('E', the extended protocol psycopg uses). A connection whose first
 statement text says LISTEN is a wake-up connection (apps/broker/wakeups.py); the others are the
-pool's. The server must connect with sslmode=disable: an encrypted stream cannot be read."""
+pool's. The server must connect with sslmode=disable and gssencmode=disable: an encrypted stream
+cannot be read."""
 
 import contextlib
 import socket

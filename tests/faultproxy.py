@@ -1,16 +1,16 @@
 """A TCP proxy of the tests' own that puts faults between two real peers (this kernel has no
 `tc netem` and no iptables): answers lost after the server did the work, delay, and resets."""
 
-import contextlib
 import random
 import socket
 import struct
 import threading
 import time
-from typing import Any
+
+from tests.support.proxy import TcpProxy, pipe
 
 
-class FaultProxy:
+class FaultProxy(TcpProxy):
     """Forwards 127.0.0.1:<port> to `upstream`. Faults, each changeable while running:
 
     - drop_answers: the next N answers are swallowed: the request was forwarded, and the client's
@@ -21,7 +21,6 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: tuple[str, int], *, seed: int = 0) -> None:
-        self.upstream = upstream
         self.drop_answers = 0
         self.dropped = 0
         self.delay = 0.0
@@ -31,28 +30,13 @@ class FaultProxy:
         self.connections = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
+    def serve(self, client: socket.socket) -> None:
         with self._lock:
             self.connections += 1
             reset = self._rng.random() < self.reset_share
@@ -70,8 +54,8 @@ class FaultProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=_pipe, args=(client, server, None), daemon=True).start()
-        _pipe(server, client, self._swallow)
+        threading.Thread(target=pipe, args=(client, server), daemon=True).start()
+        pipe(server, client, self._swallow)
 
     def _swallow(self, chunk: bytes) -> bool:
         """True for the start of an answer while answers are to be dropped (on any connection,
@@ -84,19 +68,3 @@ class FaultProxy:
             self.drop_answers -= 1
             self.dropped += 1
             return True
-
-
-def _pipe(source: socket.socket, sink: socket.socket, drop: Any) -> None:
-    """Copies until either side closes; `drop(chunk)` true: close both instead."""
-    try:
-        while chunk := source.recv(65536):
-            if drop is not None and drop(chunk):
-                break
-            sink.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()

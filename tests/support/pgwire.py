@@ -16,42 +16,28 @@ import struct
 import threading
 from collections import Counter
 
+from tests.support.proxy import TcpProxy, pipe
+
 _NEGOTIATIONS = {80877103, 80877104}  # SSLRequest, GSSENCRequest: answered with one byte
 STATEMENTS = {b"Q", b"E"}
 
 
-class StatementCounter:
+class StatementCounter(TcpProxy):
     """Forwards 127.0.0.1:<port> to `upstream`, counting statements into `counts["listen"]` and
     `counts["pool"]`. Any failure to read the stream is recorded in `errors` (a test reads it: a
     count the proxy could not make is not zero)."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self._lock = threading.Lock()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
     def snapshot(self) -> Counter[str]:
         with self._lock:
             return Counter(self.counts)
 
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
+    def serve(self, client: socket.socket) -> None:
         try:
             server = socket.create_connection(self.upstream, timeout=30)
         except OSError as error:
@@ -59,10 +45,10 @@ class StatementCounter:
             client.close()
             return
         server.settimeout(None)
-        threading.Thread(target=_copy, args=(server, client), daemon=True).start()
+        threading.Thread(target=pipe, args=(server, client), daemon=True).start()
         try:
             self._read_frontend(client, server)
-        except ConnectionError:
+        except OSError:  # either side closed: the connection's end, not a misread
             pass
         except Exception as error:  # noqa: BLE001 - recorded for the test, which fails on it
             self.errors.append(repr(error))
@@ -103,15 +89,3 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
             raise ConnectionResetError("closed")
         data += chunk
     return data
-
-
-def _copy(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while chunk := source.recv(65536):
-            sink.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)

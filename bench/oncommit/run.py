@@ -4,12 +4,12 @@ when processes are killed with SIGKILL.
 
 - rate: N producer threads for `--seconds`; messages/s = orders over the time until the worker
   has consumed every event.
-- producer killed: the producer (the web process of a Django app) is SIGKILLed 5 times while
-  it runs (`--producer-kills`, each kill 0.1-0.5 s after it has
-  committed its first 100 orders); orders committed whose on_commit publish never reached
+- producer killed: the producer (the web process of a Django app) is SIGKILLed 5 times (by
+  default, `--producer-kills`) while it runs (each kill 0.1-0.5 s after it has committed its
+  first 100 orders); orders committed whose on_commit publish never reached
   Redis are orders without a consumed event once the worker has drained the queue.
-- worker killed: the Celery worker is SIGKILLed 3 times (`--worker-kills`) while it consumes, and
-  restarted.
+- worker killed: the Celery worker is SIGKILLed 3 times (by default, `--worker-kills`) while it
+  consumes, and restarted.
   Celery's default acks the task message when it starts, so the tasks it held are gone; the ones
   it had only prefetched come back after Redis's visibility timeout (an hour by default): counted
   as missing after a 10 s drain.

@@ -89,6 +89,43 @@ def test_one_slow_group_cannot_take_every_check(db: None, settings: Any) -> None
     assert checkback.checkback_claim_due() == []
 
 
+BACKLOG_SQL = """
+INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
+    born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
+    producer_group_id, topic_id, next_check_at)
+SELECT upper(md5('backlog' || g::text)), 0, '', '[]', '{}', 'x', false, now(),
+    gen_random_uuid(), 'PREPARED', 0, 0, '', %(group)s, %(topic)s, now() - interval '1 second'
+FROM generate_series(1, %(due)s) AS g
+"""
+
+
+def _rows_handled(node: dict[str, Any]) -> int:
+    """Rows each node of an EXPLAIN ANALYZE plan produced, times the times it ran, summed."""
+    own = int(node["Actual Rows"]) * int(node["Actual Loops"])
+    return own + sum(_rows_handled(child) for child in node.get("Plans", []))
+
+
+def test_a_claim_ranks_a_groups_backlog_once_whatever_the_plan(db: None) -> None:
+    """A backlog of due checks in one group, of which the per-group cap lets two out, costs a
+    claim one pass over the backlog even with the planner pushed to nested loops (what stale
+    statistics choose): a plan that re-ranked the backlog for each due row was quadratic and
+    slowed check-backs most when a backlog built up (docs/decisions/0063)."""
+    due = 400
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    with connection.cursor() as cursor:
+        cursor.execute(BACKLOG_SQL, {"group": group.pk, "topic": topic.pk, "due": due})
+        cursor.execute("SET LOCAL enable_hashjoin = off")
+        cursor.execute("SET LOCAL enable_mergejoin = off")
+        cursor.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + checkback.CLAIM_SQL,
+            {"lease": 10, "window": 2000, "batch": 500, "per_group": 2, "group": None},
+        )
+        [(plan,)] = cursor.fetchall()
+    handled = _rows_handled(plan[0]["Plan"])
+    assert HalfMessage.objects.filter(checking_until__isnull=False).count() == 2
+    assert due <= handled <= 10 * due, handled
+
+
 def test_a_finished_check_hands_its_slot_to_its_groups_next_due_check(
     db: None, settings: Any
 ) -> None:

@@ -53,8 +53,10 @@ UPDATE broker_halfmessage
 SET checking_until = statement_timestamp() + make_interval(secs => %(lease)s),
     next_check_at = statement_timestamp() + make_interval(secs => %(lease)s)
 WHERE id IN (
-    SELECT h.id FROM broker_halfmessage h JOIN ranked ON ranked.id = h.id
-    WHERE ranked.rank + ranked.busy <= %(per_group)s
+    SELECT h.id FROM broker_halfmessage h
+    -- ARRAY(...): the backlog is ranked once, whatever plan the statistics suggest; a join with
+    -- `ranked` may re-rank it for every due row (docs/decisions/0063).
+    WHERE h.id = ANY (ARRAY(SELECT id FROM ranked WHERE rank + busy <= %(per_group)s))
       AND h.state = 'PREPARED' AND h.next_check_at <= statement_timestamp()
     ORDER BY h.next_check_at LIMIT %(batch)s
     FOR UPDATE OF h SKIP LOCKED

@@ -66,7 +66,7 @@ def checkback_scan() -> int:
 @shared_task(
     acks_late=True,
     soft_time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 5,
-    time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 10,
+    time_limit=checkback.check_time_limit(),
 )
 def checkback_run(half_id: int, claimed_until: str) -> str:
     try:

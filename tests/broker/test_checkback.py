@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from apps.broker.models import HalfMessage, OpRecord
 from apps.broker.services import callbacks, checkback, registry, transactions
+from apps.broker.tasks import checkback_run
 from tests.checker import verify
 from tests.support.transactions import PRODUCER, make_due, make_group, prepare, result
 
@@ -172,11 +173,20 @@ def test_a_check_task_that_starts_after_its_claim_ran_out_checks_nothing(
     assert checkback.checkback_start(again)
     assert not checkback.checkback_start(again)  # a claim starts once
     started = HalfMessage.objects.get(pk=half.pk)
-    lease = settings.TXHUB_CHECK_HTTP_TIMEOUT + 30
+    lease = checkback.check_lease()
     assert started.checking_until is not None
     assert started.checking_until >= again.until + timedelta(seconds=lease - 1)
+    assert started.checking_until <= again.until + timedelta(seconds=lease)
     time.sleep(0.6)
     assert checkback.checkback_claims() == []  # the check's lease outlives the claim's
+
+
+def test_a_started_checks_lease_outlives_its_task() -> None:
+    """A second check of a transaction may start only once the first can no longer run: the
+    lease ends after the task's hard time limit, where Celery replaces its pool process
+    (docs/decisions/0064)."""
+    assert checkback_run.time_limit == checkback.check_time_limit()
+    assert checkback_run.soft_time_limit < checkback_run.time_limit < checkback.check_lease()
 
 
 @pytest.mark.parametrize(

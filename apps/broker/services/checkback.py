@@ -75,6 +75,19 @@ WHERE id = %(id)s AND checking_until = %(claimed_until)s
 """
 
 
+def check_time_limit() -> float:
+    """The check task's hard time limit (apps/broker/tasks.py): the call's bound plus the
+    backstop after it; at the limit Celery replaces the pool process."""
+    return settings.TXHUB_CHECK_HTTP_TIMEOUT + 10
+
+
+def check_lease() -> float:
+    """A started check's lease: the task's hard time limit and a margin for the kill to land, so
+    no second check starts while the first can still run. Its wait in the queue is the claim's
+    own lease (docs/decisions/0049, 0064)."""
+    return check_time_limit() + 5
+
+
 class Claim(NamedTuple):
     """A claimed transaction and the end of its claim's lease, which only that claim holds."""
 
@@ -113,15 +126,15 @@ def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
 
 
 def checkback_start(claim: Claim) -> bool:
-    """The claim's task starts: True, and the row holds the check's lease (the call's bound plus
-    a margin), when the claim is still its own and alive. False when it ran out before the task
+    """The claim's task starts: True, and the row holds the check's lease (check_lease), when
+    the claim is still its own and alive. False when it ran out before the task
     started (the row is due again, or another scan claimed it since): the task must not check,
     so one transaction is never checked twice at once (docs/decisions/0005, 0049)."""
     with connection.cursor() as cursor:
         cursor.execute(
             START_SQL,
             {
-                "lease": settings.TXHUB_CHECK_HTTP_TIMEOUT + 30,
+                "lease": check_lease(),
                 "id": claim.half_id,
                 "claimed_until": claim.until,
             },

@@ -219,7 +219,10 @@ class Cluster:
 
     def celery_start(self) -> None:
         """The worker(s) and beat of scripts/run.sh, with this cluster's environment."""
-        for command in celery_commands(self.dir, beats=self.beats):
+        self._celery_spawn(celery_commands(self.dir, beats=self.beats))
+
+    def _celery_spawn(self, commands: list[list[str]]) -> None:
+        for command in commands:
             process = self._spawn(*command)
             if "beat" not in command:
                 self.workers.append(process)
@@ -250,15 +253,25 @@ class Cluster:
             control.close()
         return len({name for reply in replies for name in reply}) >= len(self.workers)
 
-    def celery_restart(self, **env: str) -> None:
+    def celery_restart(self, queue: str | None = None, **env: str) -> None:
         """Workers and beat stopped and started again with these variables added (a failpoint
-        armed, say) or, with none, the cluster's own environment again."""
-        _killpg_all(self._celery_processes(), signal.SIGTERM, wait=20)
-        self.workers, self.beat, self.more_beats = [], None, []
+        armed, say) or, with none, the cluster's own environment again. With `queue`, only the
+        worker that consumes it: the others and beat keep running."""
+        commands = celery_commands(self.dir, beats=self.beats)
+        if queue is None:
+            stopping = self._celery_processes()
+            self.workers, self.beat, self.more_beats = [], None, []
+        else:
+            commands = [command for command in commands if _consumes(command, queue)]
+            stopping = [worker for worker in self.workers if _consumes(worker.args, queue)]
+            self.workers = [worker for worker in self.workers if worker not in stopping]
+        if not (commands and stopping):
+            raise ValueError(f"no Celery worker consumes {queue!r}")
+        _killpg_all(stopping, signal.SIGTERM, wait=20)
         saved = dict(self.env)
         self.env.update(env)
         try:
-            self.celery_start()
+            self._celery_spawn(commands)
         finally:
             self.env = saved
 
@@ -317,6 +330,12 @@ def celery_commands(tmp: Path, beats: int = 1) -> list[list[str]]:
         + ["--schedule", str(tmp / f"beat-{name}-{n}")]
         for n in range(beats)
     ]
+
+
+def _consumes(command: Any, queue: str) -> bool:
+    """A Celery worker's command line names `queue` after -Q."""
+    words = list(command)
+    return "-Q" in words and words[words.index("-Q") + 1] == queue
 
 
 def _killpg_all(processes: list[subprocess.Popen[bytes]], sig: int, wait: float) -> None:

@@ -265,8 +265,8 @@ class Cluster:
             commands = [command for command in commands if _consumes(command, queue)]
             stopping = [worker for worker in self.workers if _consumes(worker.args, queue)]
             self.workers = [worker for worker in self.workers if worker not in stopping]
-        if not (commands and stopping):
-            raise ValueError(f"no Celery worker consumes {queue!r}")
+            if not (commands and stopping):
+                raise ValueError(f"no Celery worker consumes {queue!r}")
         _killpg_all(stopping, signal.SIGTERM, wait=20)
         saved = dict(self.env)
         self.env.update(env)

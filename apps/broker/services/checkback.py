@@ -127,9 +127,9 @@ def checkback_claim_due(*, producer_group_id: int | None = None) -> list[int]:
 
 def checkback_start(claim: Claim) -> bool:
     """The claim's task starts: True, and the row holds the check's lease (check_lease), when
-    the claim is still its own and alive. False when it ran out before the task
-    started (the row is due again, or another scan claimed it since): the task must not check,
-    so one transaction is never checked twice at once (docs/decisions/0005, 0049)."""
+    the claim is still its own and alive. False when it ran out before the task started (the
+    row is due again, or another scan claimed it since): the task must not check, so one
+    transaction is never checked twice at once (docs/decisions/0005, 0049)."""
     with connection.cursor() as cursor:
         cursor.execute(
             START_SQL,

@@ -264,9 +264,9 @@ class Cluster:
         else:
             commands = [command for command in commands if _consumes(command, queue)]
             stopping = [worker for worker in self.workers if _consumes(worker.args, queue)]
-            self.workers = [worker for worker in self.workers if worker not in stopping]
             if not (commands and stopping):
                 raise ValueError(f"no Celery worker consumes {queue!r}")
+            self.workers = [worker for worker in self.workers if worker not in stopping]
         _killpg_all(stopping, signal.SIGTERM, wait=20)
         saved = dict(self.env)
         self.env.update(env)
@@ -333,9 +333,12 @@ def celery_commands(tmp: Path, beats: int = 1) -> list[list[str]]:
 
 
 def _consumes(command: Any, queue: str) -> bool:
-    """A Celery worker's command line names `queue` after -Q."""
+    """A Celery worker's command line names `queue` among those after -Q."""
     words = list(command)
-    return "-Q" in words and words[words.index("-Q") + 1] == queue
+    return any(
+        word == "-Q" and queue in following.split(",")
+        for word, following in zip(words, words[1:], strict=False)
+    )
 
 
 def _killpg_all(processes: list[subprocess.Popen[bytes]], sig: int, wait: float) -> None:

@@ -1,10 +1,12 @@
 """Check-back in one process: claiming, signing, parsing answers and applying them (CONTRACT
 section 4, invariants 2 and 7). The end-to-end runs with real Celery are in tests/e2e/."""
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,10 @@ from apps.broker.services import callbacks, checkback, registry, transactions
 from apps.broker.tasks import checkback_run
 from tests.checker import verify
 from tests.support.transactions import PRODUCER, make_due, make_group, prepare, result
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from seed import seed_pending  # noqa: E402 - bench/seed.py, the backlog its bench seeds too
 
 
 def test_the_first_check_waits_for_the_timeout_and_immunity_raises_it(
@@ -90,16 +96,6 @@ def test_one_slow_group_cannot_take_every_check(db: None, settings: Any) -> None
     assert checkback.checkback_claim_due() == []
 
 
-BACKLOG_SQL = """
-INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
-    born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
-    producer_group_id, topic_id, next_check_at)
-SELECT upper(md5('backlog' || g::text)), 0, '', '[]', '{}', 'x', false, now(),
-    gen_random_uuid(), 'PREPARED', 0, 0, '', %(group)s, %(topic)s, now() - interval '1 second'
-FROM generate_series(1, %(due)s) AS g
-"""
-
-
 def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     """An EXPLAIN plan's node and every node under it."""
     return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
@@ -115,7 +111,7 @@ def test_a_claim_ranks_a_groups_backlog_once_whatever_the_plan(db: None) -> None
     with connection.cursor() as cursor:
         # Statistics from before the backlog, as autovacuum leaves them while one builds up.
         cursor.execute("ANALYZE broker_halfmessage")
-        cursor.execute(BACKLOG_SQL, {"group": group.pk, "topic": topic.pk, "due": due})
+        seed_pending(group=group, topic=topic, pending=due, due=due, tag="backlog")
         cursor.execute("SET LOCAL enable_hashjoin = off")
         cursor.execute("SET LOCAL enable_mergejoin = off")
         cursor.execute(
@@ -126,7 +122,9 @@ def test_a_claim_ranks_a_groups_backlog_once_whatever_the_plan(db: None) -> None
     nodes = _plan_nodes(plan[0]["Plan"])
     handled = sum(float(n["Actual Rows"]) * float(n["Actual Loops"]) for n in nodes)
     assert HalfMessage.objects.filter(checking_until__isnull=False).count() == 2
-    assert due <= handled <= 10 * due, handled
+    # Linear plans handle 5-12 rows per due row (how the planner joins the chosen ids back to
+    # the table depends on what else the table holds); re-ranking per due row handled 800.
+    assert due <= handled <= 25 * due, handled
     assert [n["Actual Loops"] for n in nodes if n["Node Type"] == "WindowAgg"] == [1]
 
 

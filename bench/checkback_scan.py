@@ -26,18 +26,9 @@ import django  # noqa: E402
 django.setup()
 
 from django.db import connection  # noqa: E402
+from seed import seed_pending  # noqa: E402 - bench/seed.py, beside this program
 
 from apps.broker.services import checkback, registry  # noqa: E402
-
-SEED = """
-INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
-    born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
-    producer_group_id, topic_id, next_check_at)
-SELECT upper(md5(%(tag)s || g::text)), 0, '', '[]', '{}', 'x', false, now(), gen_random_uuid(),
-    'PREPARED', 0, 0, '', %(group)s, %(topic)s,
-    CASE WHEN g <= %(due)s THEN now() - interval '1 second' ELSE now() + interval '1 hour' END
-FROM generate_series(1, %(pending)s) AS g
-"""
 
 
 def measure(pending: int, due: int, tag: str, rounds: int = 5, cap: int | None = None) -> float:
@@ -52,9 +43,7 @@ def measure(pending: int, due: int, tag: str, rounds: int = 5, cap: int | None =
         # A backlog builds faster than autovacuum analyzes: its statistics predate it.
         if cap:
             cursor.execute("ANALYZE broker_halfmessage")
-        cursor.execute(
-            SEED, {"tag": tag, "group": group.pk, "topic": topic.pk, "due": due, "pending": pending}
-        )
+        seed_pending(group=group, topic=topic, pending=pending, due=due, tag=tag)
         if not cap:
             cursor.execute("ANALYZE broker_halfmessage")
         print(

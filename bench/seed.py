@@ -1,4 +1,5 @@
-"""Set-based seeding of many transactions for the benchmarks (console pages, reconciliation).
+"""Set-based seeding of many transactions for the benchmarks (console pages, reconciliation) and
+of pending ones for the check-back scan (its bench and tests/broker/test_checkback.py).
 
 Writes what the services would write, in a few INSERT ... SELECT statements: half messages in a
 realistic mix of states, their op records (PREPARE, CHECK for some, then the final op or PARK)
@@ -90,6 +91,28 @@ def seed(
         cursor.execute("ANALYZE broker_oprecord")
         cursor.execute("ANALYZE broker_commitlogentry")
     return {"transactions": count, "op_records": ops, "commit_log": log}
+
+
+# Pending transactions for the check-back scan: the first `due` were due a second ago, the others
+# are due in an hour.
+PENDING = """
+INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body, body_is_binary,
+    born_at, transaction_id, state, check_times, unreachable_checks, resolved_by,
+    producer_group_id, topic_id, next_check_at)
+SELECT upper(md5(%(tag)s || g::text)), 0, '', '[]', '{}', 'x', false, now(), gen_random_uuid(),
+    'PREPARED', 0, 0, '', %(group)s, %(topic)s,
+    CASE WHEN g <= %(due)s THEN now() - interval '1 second' ELSE now() + interval '1 hour' END
+FROM generate_series(1, %(pending)s) AS g
+"""
+
+
+def seed_pending(*, group: Any, topic: Any, pending: int, due: int, tag: str) -> None:
+    """`pending` PREPARED transactions of the group, `due` of them due for a check now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            PENDING,
+            {"tag": tag, "group": group.pk, "topic": topic.pk, "due": due, "pending": pending},
+        )
 
 
 def unseed(*, group: Any, topic: Any) -> None:

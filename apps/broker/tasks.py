@@ -65,7 +65,7 @@ def checkback_scan() -> int:
 # the "callbacks" queue (CELERY_TASK_ROUTES).
 @shared_task(
     acks_late=True,
-    soft_time_limit=settings.TXHUB_CHECK_HTTP_TIMEOUT + 5,
+    soft_time_limit=checkback.check_soft_time_limit(),
     time_limit=checkback.check_time_limit(),
 )
 def checkback_run(half_id: int, claimed_until: str) -> str:

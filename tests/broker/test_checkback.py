@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -186,8 +187,12 @@ def test_a_started_checks_lease_outlives_its_task() -> None:
     """A second check of a transaction may start only once the first can no longer run: the
     lease ends after the task's hard time limit, where Celery replaces its pool process
     (docs/decisions/0064)."""
+    assert checkback_run.soft_time_limit == checkback.check_soft_time_limit()
     assert checkback_run.time_limit == checkback.check_time_limit()
-    assert checkback_run.soft_time_limit < checkback_run.time_limit < checkback.check_lease()
+    # The call's own bound comes first; the limits are the backstop past it (decision 0009).
+    assert checkback.check_soft_time_limit() > settings.TXHUB_CHECK_HTTP_TIMEOUT
+    assert checkback.check_soft_time_limit() < checkback.check_time_limit()
+    assert checkback.check_time_limit() < checkback.check_lease()
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,12 @@ WHERE id = %(id)s AND checking_until = %(claimed_until)s
 """
 
 
+def check_soft_time_limit() -> float:
+    """The check task's soft time limit (apps/broker/tasks.py): the call's bound plus 5 s; it
+    raises in the task, which ends the check without an answer."""
+    return settings.TXHUB_CHECK_HTTP_TIMEOUT + 5
+
+
 def check_time_limit() -> float:
     """The check task's hard time limit (apps/broker/tasks.py): the call's bound plus the
     backstop after it; at the limit Celery replaces the pool process."""

@@ -18,12 +18,11 @@ each recognised by the API's own message:
 A case whose body is not in fact schema-valid (Schemathesis's stateful phase fills bodies from
 earlier answers, e.g. an error envelope into a PATCH body) is not a positive case either.
 
-One workaround for Schemathesis itself (4.32.5, pinned): its coverage phase folds a string's length
-bounds into its pattern without the check its schema converter makes, that the validator's regex
-engine can compile the result. The body's `^[^\u0000]*$` with a maxLength of 4194304 becomes
-`^[^\x00]{1,4194304}$`, which that engine refuses after about a second of work, and every schema
-holding it is canonicalized anew: half the command's time went there. `_fold_lengths` keeps the
-pattern and its bounds as they are in that case, as the converter does (docs/decisions/0065).
+One workaround for Schemathesis itself (pinned): its coverage phase folds a string's length bounds
+into its pattern without the check its schema converter makes, that the validator's regex engine
+can compile the result. The message body's bound folds into a repetition that engine refuses,
+slowly, for every schema that holds it. `_fold_lengths` keeps such a pattern and its bounds as
+they are, as the converter does (docs/decisions/0065).
 
 Used by tests/test_fuzz_api.py, and by hand:
 `SCHEMATHESIS_HOOKS=tests.schemathesis_hooks schemathesis run ... --checks all`."""
@@ -52,7 +51,8 @@ def _fold_lengths(pattern: str, min_length: int | None, max_length: int | None) 
     return folded if folded == pattern or is_valid_jsonschema_rs_regex(folded) else pattern
 
 
-# Loudly wrong, not silently unused, if an upgrade moves what this replaces.
+# The workaround replaces the name the coverage phase reads; if an upgrade renames or moves it,
+# importing the hooks fails instead of leaving the workaround unused (docs/decisions/0065).
 _COVERAGE = vars(coverage_operation)
 if _COVERAGE.get("update_quantifier") is not update_quantifier:
     raise RuntimeError("Schemathesis moved the coverage phase's update_quantifier: see 0065.")

@@ -76,8 +76,8 @@ WHERE id = %(id)s AND checking_until = %(claimed_until)s
 
 
 def check_soft_time_limit() -> float:
-    """The check task's soft time limit (apps/broker/tasks.py): the call's bound plus 5 s; it
-    raises in the task, which ends the check without an answer."""
+    """The check task's soft time limit (apps/broker/tasks.py): the call's bound plus a margin;
+    it raises in the task, which ends the check without an answer (docs/decisions/0009, 0064)."""
     return settings.TXHUB_CHECK_HTTP_TIMEOUT + 5
 
 

@@ -1,6 +1,10 @@
 """The one workaround tests/schemathesis_hooks.py makes for Schemathesis itself (decision 0065):
 the coverage phase still folds a string's length bounds into its pattern wherever the validator
-can compile the result, and leaves the pattern alone where it cannot (the message body's)."""
+can compile the result, and leaves the pattern alone where it cannot (the message body's).
+
+Importing the hooks registers their `filter_failure` in this test process too. It sets aside only
+`positive_data_acceptance` failures, a check the in-process fuzz tests (tests/test_fuzz_api.py)
+do not run, so a worker that runs both files tests the same."""
 
 from django.conf import settings
 from schemathesis.core.jsonschema.patterns import is_valid_jsonschema_rs_regex, update_quantifier

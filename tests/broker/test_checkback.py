@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -183,7 +182,7 @@ def test_a_check_task_that_starts_after_its_claim_ran_out_checks_nothing(
     assert checkback.checkback_claims() == []  # the check's lease outlives the claim's
 
 
-def test_a_started_checks_lease_outlives_its_task() -> None:
+def test_a_started_checks_lease_outlives_its_task(settings: Any) -> None:
     """A second check of a transaction may start only once the first can no longer run: the
     lease ends after the task's hard time limit, where Celery replaces its pool process
     (docs/decisions/0064)."""

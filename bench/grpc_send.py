@@ -7,15 +7,22 @@ one). Through REST with plain HTTP: N threads `POST /topics/{t}/messages`; two c
 32 and ack them in one request. messages/s = messages / time to the last ack. Runs against a
 running `make run` (web on --url, gRPC on --grpc); `make bench` calls it and prints its lines.
 
+Beside the rates: each door's machine CPU per message, split into the bench's own process (the
+clients), the server's part, Postgres and the rest, with the ceiling it sets (every core busy
+through the run at that CPU per message); the round trips of a send and of a gRPC ack; and how
+much of the load the consumers had taken when the producers stopped (decision 0059).
+
     .venv/bin/python bench/grpc_send.py --url http://127.0.0.1:8000 --grpc 127.0.0.1:8081
 """
 
 import argparse
 import os
+import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,7 @@ import grpc_rpcs  # noqa: E402
 from http_client import Client  # noqa: E402
 
 BODY = b"bench message body"
+CORES = len(os.sched_getaffinity(0))
 
 
 def setup(name: str) -> tuple[str, dict[str, str]]:
@@ -47,34 +55,47 @@ def setup(name: str) -> tuple[str, dict[str, str]]:
     return raw, credentials.of(token)
 
 
+@dataclass
+class Load:
+    rate: float  # messages / seconds to the last ack
+    produced: int
+    sends: list[float]  # each send's round trip, seconds
+    acked_when_stopped: int  # messages consumed by the time the producers stopped
+
+
 def run(
     producers: int,
     seconds: float,
     make_producer: Callable[[], Any],
     make_consumer: Callable[[], Any],
-) -> tuple[float, int]:
-    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close()).
-    Messages/s, and how many were sent."""
+) -> Load:
+    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close())."""
     produced = received = 0
     lock = threading.Lock()
     stop, done = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     last = [0.0]
+    sends: list[float] = []
     ready = threading.Barrier(producers + 2 + 1)
 
     def produce() -> None:
         nonlocal produced
         send, close = make_producer()
+        mine: list[float] = []
         try:
             ready.wait()
             while not stop.is_set():
+                began = time.perf_counter()
                 send()
+                mine.append(time.perf_counter() - began)
                 with lock:
                     produced += 1
         except BaseException as error:  # reported after the run, never swallowed
             errors.append(error)
         finally:
             close()
+            with lock:
+                sends.extend(mine)
 
     def consume() -> None:
         nonlocal received
@@ -105,6 +126,8 @@ def run(
     started = time.perf_counter()
     time.sleep(seconds)
     stop.set()
+    with lock:
+        acked_when_stopped = received
     for thread in threads[:producers]:
         thread.join()
     done.set()
@@ -112,18 +135,41 @@ def run(
         thread.join()
     if errors:
         raise RuntimeError(f"load failed: {errors[0]!r}") from errors[0]
-    return produced / (max(last[0], started + seconds) - started), produced
+    rate = produced / (max(last[0], started + seconds) - started)
+    return Load(rate, produced, sends, acked_when_stopped)
 
 
-def measured(
-    data_dir: str, load: Callable[[], tuple[float, int]]
-) -> tuple[float, dict[str, float]]:
-    """The load's messages/s and the server's CPU per message by part (ms, bench/cpu.py),
-    client start-up included (as many RPCs a client makes once, in both doors' runs)."""
+def measured(data_dir: str, load: Callable[[], Load]) -> tuple[Load, dict[str, float]]:
+    """The load, and CPU per message by part (ms, bench/cpu.py), client start-up included (as
+    many RPCs a client makes once, in both doors' runs): the server's parts, the bench's own
+    process ("client": the clients it runs) and the whole machine ("machine", /proc/stat)."""
     before = cpu.sample(ROOT, data_dir)
-    rate, messages = load()
-    spent = cpu.delta(before, cpu.sample(ROOT, data_dir))
-    return rate, {part: ms / max(messages, 1) for part, ms in spent.items()}
+    result = load()
+    after = cpu.sample(ROOT, data_dir)
+    spent = cpu.delta(before, after)
+    spent["client"] = after.own_ms - before.own_ms
+    spent["machine"] = after.system_busy_ms - before.system_busy_ms
+    return result, {part: ms / max(result.produced, 1) for part, ms in spent.items()}
+
+
+def budget(on: dict[str, float], server: str, label: str) -> str:
+    """Where a message's machine CPU went, and the ceiling it sets: the messages/s every core
+    of this machine busy through the run would carry at that CPU per message."""
+    named = on["client"] + on[server] + on["postgres"]
+    ceiling = CORES * 1000 / on["machine"] if on["machine"] > 0 else float("inf")
+    return (
+        f"machine {on['machine']:.2f} ms (bench client {on['client']:.2f}, {label} "
+        f"{on[server]:.2f}, Postgres {on['postgres']:.2f}, rest {on['machine'] - named:.2f}) "
+        f"-> ceiling {ceiling:.0f} messages/s on {CORES} cores"
+    )
+
+
+def quantiles(seconds: list[float]) -> str:
+    if not seconds:
+        return "none"
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return f"p50 {1000 * statistics.median(ordered):.1f} / p99 {1000 * p99:.1f} ms"
 
 
 def main() -> None:
@@ -155,6 +201,8 @@ def main() -> None:
         message.body = BODY
         return (lambda: producer.send(message)), producer.shutdown
 
+    acks: list[float] = []  # each gRPC ack's round trip (list.append: one call, thread-safe)
+
     def grpc_consumer() -> Any:
         consumer = SimpleConsumer(config, name, {name: FilterExpression("*")}, 1)
         consumer.startup()
@@ -162,7 +210,9 @@ def main() -> None:
         def take() -> int:
             batch = consumer.receive(32, 30) or []
             for item in batch:
+                began = time.perf_counter()
                 consumer.ack(item)
+                acks.append(time.perf_counter() - began)
             return len(batch)
 
         return take, consumer.shutdown
@@ -197,12 +247,13 @@ def main() -> None:
         cursor.execute("SHOW data_directory")
         data_dir = os.path.realpath(str(cursor.fetchone()[0]))
     connection.close()
-    grpc_rate, on_grpc = measured(
+    on_grpc_load, on_grpc = measured(
         data_dir, lambda: run(args.producers, args.seconds, grpc_producer, grpc_consumer)
     )
-    rest_rate, on_rest = measured(
+    on_rest_load, on_rest = measured(
         data_dir, lambda: run(args.producers, args.seconds, rest_producer, rest_consumer)
     )
+    grpc_rate, rest_rate = on_grpc_load.rate, on_rest_load.rate
     print(
         f"gRPC door, send + receive + ack, {args.producers} producers, {args.seconds:g} s: "
         f"{grpc_rate:8.1f} messages/s (official Python client) vs REST {rest_rate:8.1f} "
@@ -212,6 +263,17 @@ def main() -> None:
         f"gRPC door server CPU per message: gRPC processes {on_grpc['grpc']:.2f} ms, Postgres "
         f"{on_grpc['postgres']:.2f} ms vs REST web {on_rest['web']:.2f} ms, Postgres "
         f"{on_rest['postgres']:.2f} ms (gRPC/web {on_grpc['grpc'] / on_rest['web']:.2f}x)"
+    )
+    print(f"gRPC door machine CPU per message: {budget(on_grpc, 'grpc', 'gRPC processes')}")
+    print(f"REST machine CPU per message: {budget(on_rest, 'web', 'web')}")
+
+    def share(load: Load) -> float:
+        return 100 * load.acked_when_stopped / max(load.produced, 1)
+
+    print(
+        f"gRPC door round trips: send {quantiles(on_grpc_load.sends)}, ack of one "
+        f"{quantiles(acks)}; consumed when the producers stopped {share(on_grpc_load):.0f} % "
+        f"(REST: send {quantiles(on_rest_load.sends)}; {share(on_rest_load):.0f} %)"
     )
     spent = grpc_rpcs.per_rpc(
         endpoint=args.grpc,

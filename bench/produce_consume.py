@@ -310,9 +310,13 @@ def run_fifo(url: str, seconds: float) -> list[str]:
     return run_program("fifo", "fifo.py", "--url", url, "--seconds", str(seconds))
 
 
-def run_grpc(url: str, seconds: float) -> list[str]:
+def run_grpc(url: str, seconds: float, rpc_calls: int) -> list[str]:
     """bench/grpc_send.py: the gRPC door (official Python client) against REST."""
-    return run_program("grpc_send", "grpc_send.py", "--url", url, "--seconds", str(seconds))
+    return run_program(
+        "grpc_send",
+        "grpc_send.py",
+        *("--url", url, "--seconds", str(seconds), "--rpc-calls", str(rpc_calls)),
+    )
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:
@@ -327,6 +331,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6, help="length of each txhub step")
     parser.add_argument("--pgbench-seconds", type=int, default=6)
     parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
+    parser.add_argument("--rpc-calls", type=int, default=200, help="gRPC calls of each RPC")
     parser.add_argument(
         "--skip",
         default="",
@@ -430,7 +435,7 @@ def main() -> None:
     if "fifo" not in skip:
         steps.append(run_fifo(args.url, args.seconds))
     if "grpc" not in skip:
-        steps.append(run_grpc(args.url, args.seconds))
+        steps.append(run_grpc(args.url, args.seconds, args.rpc_calls))
     if "junk" not in skip:
         steps.append(run_junk(args.url, args.seconds))
     if "oncommit" not in skip:

@@ -74,6 +74,7 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
     out = run_bench(
         "produce_consume.py",
         *("--url", gunicorn, "--concurrency", "2", "--seconds", "1", "--pgbench-seconds", "1"),
+        *("--rpc-calls", "5"),
         *("--skip", "waiting,oncommit"),  # each has its own smoke run below
         TXHUB_GRPC_PORT=str(grpc_server.port),
     )
@@ -85,6 +86,10 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
         # issue 28: the gRPC door's CPU beside REST's, and per hot RPC
         "gRPC door server CPU per message: gRPC processes",
         "gRPC door CPU per call",
+        # what a message costs the whole machine through each door, and the ceiling it sets
+        "gRPC door machine CPU per message: machine",
+        "REST machine CPU per message: machine",
+        "gRPC door round trips: send p50",
         "beside a junk-token flood",
         # issue 29: bench/fifo.py, which make bench runs
         "FIFO consumer group",

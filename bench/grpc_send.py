@@ -7,10 +7,15 @@ one). Through REST with plain HTTP: N threads `POST /topics/{t}/messages`; two c
 32 and ack them in one request. messages/s = messages / time to the last ack. Runs against a
 running `make run` (web on --url, gRPC on --grpc); `make bench` calls it and prints its lines.
 
+Then the same workload through REST once more, its consumers acking each message in a request
+of its own as the official client does: the two doors compared like for like. Then each hot call
+alone (bench/grpc_rpcs.py, bench/rest_calls.py): the gRPC door's CPU per call beside the lean
+REST door's for the same call.
+
 Beside the rates: each door's machine CPU per message, split into the bench's own process (the
 clients), the server's part, Postgres and the rest, with the ceiling it sets (every core busy
 through the run at that CPU per message); the round trips of a send and of a gRPC ack; and how
-much of the load the consumers had taken when the producers stopped (decision 0059).
+much of the load the consumers had taken when the producers stopped (decision 0066).
 
     .venv/bin/python bench/grpc_send.py --url http://127.0.0.1:8000 --grpc 127.0.0.1:8081
 """
@@ -32,7 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import cpu  # noqa: E402
 import grpc_rpcs  # noqa: E402
+import rest_calls  # noqa: E402
 from http_client import Client  # noqa: E402
+from rest_calls import PAIRS  # noqa: E402
 
 BODY = b"bench message body"
 CORES = len(os.sched_getaffinity(0))
@@ -219,28 +226,41 @@ def main() -> None:
 
     base = f"{args.url}/api/v1"
 
-    def rest_producer() -> Any:
-        client = Client(base, token)
-        payload = {"producer_group": name, "body": BODY.decode()}
-        return (lambda: client.post(f"/topics/{name}-rest/messages", payload)), lambda: None
+    def rest_door(topic: str, *, one_by_one: bool) -> tuple[Callable[[], Any], Callable[[], Any]]:
+        """REST's producers and consumers on `topic`; the consumers ack what they received in
+        one request, or (`one_by_one`) each message in a request of its own, as the official
+        RocketMQ client does."""
 
-    def rest_consumer() -> Any:
-        client = Client(base, token)
-        receive = {"topic": f"{name}-rest", "max_messages": 32, "wait_seconds": 1}
+        def producer() -> Any:
+            client = Client(base, token)
+            payload = {"producer_group": name, "body": BODY.decode()}
+            return (lambda: client.post(f"/topics/{topic}/messages", payload)), lambda: None
 
-        def take() -> int:
-            batch = client.post(f"/consumer-groups/{name}/receive", receive)["messages"]
-            if batch:
+        def consumer() -> Any:
+            client = Client(base, token)
+            receive = {"topic": topic, "max_messages": 32, "wait_seconds": 1}
+            ack = f"/consumer-groups/{name}/ack"
+
+            def take() -> int:
+                batch = client.post(f"/consumer-groups/{name}/receive", receive)["messages"]
                 handles = [m["receipt_handle"] for m in batch]
-                client.post(f"/consumer-groups/{name}/ack", {"receipt_handles": handles})
-            return len(batch)
+                if one_by_one:
+                    for handle in handles:
+                        client.post(ack, {"receipt_handles": [handle]})
+                elif handles:
+                    client.post(ack, {"receipt_handles": handles})
+                return len(batch)
 
-        return take, lambda: None
+            return take, lambda: None
+
+        return producer, consumer
 
     from apps.broker.services import registry
 
     registry.topic_create(name=f"{name}-rest", queues=4)  # same shape, its own offsets
+    registry.topic_create(name=f"{name}-rest-one", queues=4)
     registry.topic_create(name=f"{name}-rpc", queues=4)
+    registry.topic_create(name=f"{name}-calls", queues=4)
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -250,8 +270,13 @@ def main() -> None:
     on_grpc_load, on_grpc = measured(
         data_dir, lambda: run(args.producers, args.seconds, grpc_producer, grpc_consumer)
     )
+    rest_producer, rest_consumer = rest_door(f"{name}-rest", one_by_one=False)
     on_rest_load, on_rest = measured(
         data_dir, lambda: run(args.producers, args.seconds, rest_producer, rest_consumer)
+    )
+    one_producer, one_consumer = rest_door(f"{name}-rest-one", one_by_one=True)
+    on_one_load, on_one = measured(
+        data_dir, lambda: run(args.producers, args.seconds, one_producer, one_consumer)
     )
     grpc_rate, rest_rate = on_grpc_load.rate, on_rest_load.rate
     print(
@@ -275,6 +300,14 @@ def main() -> None:
         f"{quantiles(acks)}; consumed when the producers stopped {share(on_grpc_load):.0f} % "
         f"(REST: send {quantiles(on_rest_load.sends)}; {share(on_rest_load):.0f} %)"
     )
+    print(
+        f"REST acking one message per request, as the official client: "
+        f"{on_one_load.rate:.1f} messages/s, web {on_one['web']:.2f} ms, Postgres "
+        f"{on_one['postgres']:.2f} ms per message; the gRPC door at "
+        f"{100 * grpc_rate / on_one_load.rate:.0f} % of its messages/s and "
+        f"{on_grpc['grpc'] / on_one['web']:.2f}x its web CPU per message; "
+        f"{budget(on_one, 'web', 'web')}"
+    )
     spent = grpc_rpcs.per_rpc(
         endpoint=args.grpc,
         keys=keys,
@@ -287,6 +320,29 @@ def main() -> None:
         f"gRPC door CPU per call ({args.rpc_calls} calls each, gRPC processes + Postgres): "
         + ", ".join(f"{rpc} {spent[rpc][0]:.2f} + {spent[rpc][1]:.2f} ms" for rpc in grpc_rpcs.HOT)
     )
+    rest = rest_calls.per_call(
+        base=base,
+        token=token,
+        topic=f"{name}-calls",
+        group=name,
+        calls=args.rpc_calls,
+        data_dir=data_dir,
+    )
+    print(
+        f"REST lean door CPU per call ({args.rpc_calls} calls each, web + Postgres): "
+        + ", ".join(f"{call} {rest[call][0]:.2f} + {rest[call][1]:.2f} ms" for call, _ in PAIRS)
+    )
+    print(
+        "gRPC door / REST lean door per call, server processes (and Postgres): "
+        + ", ".join(
+            f"{rpc} {ratio(spent[rpc][0], rest[call][0])} ({ratio(spent[rpc][1], rest[call][1])})"
+            for call, rpc in PAIRS
+        )
+    )
+
+
+def ratio(grpc_ms: float, rest_ms: float) -> str:
+    return f"{grpc_ms / rest_ms:.2f}x" if rest_ms > 0 else "n/a"
 
 
 if __name__ == "__main__":

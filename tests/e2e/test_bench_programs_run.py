@@ -90,6 +90,11 @@ def test_make_bench_runs_at_tiny_sizes(gunicorn: str, grpc_server: GrpcServer) -
         "gRPC door machine CPU per message: machine",
         "REST machine CPU per message: machine",
         "gRPC door round trips: send p50",
+        # the same workload through REST with the official client's habit (an ack per message),
+        # and each hot call through the lean door beside the gRPC door's
+        "REST acking one message per request, as the official client:",
+        "REST lean door CPU per call",
+        "gRPC door / REST lean door per call",
         "beside a junk-token flood",
         # issue 29: bench/fifo.py, which make bench runs
         "FIFO consumer group",

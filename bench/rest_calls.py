@@ -1,0 +1,94 @@
+"""Server CPU of one REST call through the lean door, for the calls bench/grpc_rpcs.py makes
+through the gRPC door (issue 28: "each RPC no more than the lean REST door's answer to the same
+call"). Read from /proc (bench/cpu.py) around N calls of one kind, made one after another over
+one kept-alive connection with the bench's light HTTP client:
+
+- send: one message per request (`POST /topics/{t}/messages`), as SendMessage with one message;
+- receive: one message per request, no wait (`max_messages` 1, `wait_seconds` 0);
+- ack: one receipt handle per request, as the official RocketMQ client's `ack`;
+- commit: a transaction prepared just before (the prepares are not counted).
+
+A library of grpc_send.py, which prints its line beside the gRPC door's.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cpu
+from http_client import Client
+
+# The same order as grpc_rpcs.HOT, without Heartbeat (REST has none).
+PAIRS = (
+    ("send", "SendMessage"),
+    ("receive", "ReceiveMessage"),
+    ("ack", "AckMessage"),
+    ("commit", "EndTransaction"),
+)
+
+
+class _Calls:
+    def __init__(self, client: Client, topic: str, group: str, producer_group: str) -> None:
+        self.client, self.topic, self.group = client, topic, group
+        self.producer_group = producer_group
+        self.handles: list[str] = []
+        self.prepared: list[str] = []
+
+    def send(self) -> Any:
+        payload = {"producer_group": self.producer_group, "body": "bench message body"}
+        return self.client.post(f"/topics/{self.topic}/messages", payload)
+
+    def receive(self) -> Any:
+        payload = {"topic": self.topic, "max_messages": 1, "wait_seconds": 0}
+        answer = self.client.post(f"/consumer-groups/{self.group}/receive", payload)
+        messages = answer["messages"]
+        if len(messages) != 1:
+            raise RuntimeError(f"receive: {len(messages)} messages, expected 1")
+        self.handles.append(messages[0]["receipt_handle"])
+        return answer
+
+    def ack(self) -> Any:
+        payload = {"receipt_handles": [self.handles.pop()]}
+        answer = self.client.post(f"/consumer-groups/{self.group}/ack", payload)
+        if answer.get("invalid"):
+            raise RuntimeError(f"ack: {answer}")
+        return answer
+
+    def prepare(self) -> Any:
+        payload = {
+            "producer_group": self.producer_group,
+            "topic": self.topic,
+            "body": "bench message body",
+        }
+        self.prepared.append(self.client.post("/transactions", payload)["transaction_id"])
+
+    def commit(self) -> Any:
+        return self.client.post(f"/transactions/{self.prepared.pop()}/commit")
+
+
+def per_call(
+    *, base: str, token: str, topic: str, group: str, calls: int, data_dir: str
+) -> dict[str, tuple[float, float]]:
+    """Call name -> (web ms, Postgres ms) per call, over `calls` calls each. `group` is both the
+    consumer group and the producer group (grpc_send.setup makes them with one name)."""
+    root = Path(__file__).resolve().parent.parent
+    found: dict[str, tuple[float, float]] = {}
+    it = _Calls(Client(base, token), topic, group, group)
+    it.send()  # the connection is up before anything is counted
+    it.receive()
+    it.ack()
+
+    def measured(name: str, call: Callable[[], Any]) -> None:
+        before = cpu.sample(root, data_dir)
+        for _ in range(calls):
+            call()
+        spent = cpu.delta(before, cpu.sample(root, data_dir))
+        found[name] = (spent["web"] / calls, spent["postgres"] / calls)
+
+    measured("send", it.send)
+    measured("receive", it.receive)
+    measured("ack", it.ack)
+    for _ in range(calls):
+        it.prepare()
+    measured("commit", it.commit)
+    return found

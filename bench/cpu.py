@@ -96,12 +96,28 @@ def sample(root: Path, pg_data_dir: str) -> Sample:
             parts = again
             break
         parts, counted = again, counted_again
-    cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    values = [int(v) for v in cpu]
-    busy = sum(values) - values[3] - values[4]  # all but idle and iowait
+    busy = busy_ticks(Path("/proc/stat").read_text().splitlines()[0])
+    return Sample(parts, busy * 1000 / TICKS, own_ms())
+
+
+def busy_ticks(stat_line: str) -> int:
+    """The busy ticks of a /proc/stat "cpu" line: user, nice, system, irq and softirq. Not idle,
+    iowait or steal (time the host gave others), nor guest and guest_nice (already counted in
+    user and nice)."""
+    values = [int(v) for v in stat_line.split()[1:]]
+    return values[0] + values[1] + values[2] + values[5] + values[6]
+
+
+def own_ms() -> float:
+    """This process's CPU and its waited-for children's, ms."""
     times = os.times()
-    own = (times.user + times.system + times.children_user + times.children_system) * 1000
-    return Sample(parts, busy * 1000 / TICKS, own)
+    return (times.user + times.system + times.children_user + times.children_system) * 1000
+
+
+def cores() -> int:
+    """The CPUs /proc/stat counts (its "cpuN" lines): the ones its busy time is the sum of."""
+    lines = Path("/proc/stat").read_text().splitlines()
+    return sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
 
 
 def delta(before: Sample, after: Sample) -> dict[str, float]:

@@ -21,6 +21,7 @@ much of the load the consumers had taken when the producers stopped (decision 00
 """
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -39,10 +40,8 @@ import cpu  # noqa: E402
 import grpc_rpcs  # noqa: E402
 import rest_calls  # noqa: E402
 from http_client import Client  # noqa: E402
-from rest_calls import PAIRS  # noqa: E402
 
-BODY = b"bench message body"
-CORES = len(os.sched_getaffinity(0))
+BODY = rest_calls.BODY.encode()
 
 
 def setup(name: str) -> tuple[str, dict[str, str]]:
@@ -67,7 +66,10 @@ class Load:
     rate: float  # messages / seconds to the last ack
     produced: int
     sends: list[float]  # each send's round trip, seconds
-    acked_when_stopped: int  # messages consumed by the time the producers stopped
+    # Messages consumed when the producers stopped: counted per batch acked, and the sends that
+    # finish after the stop count as produced, so it reads a few points low.
+    acked_when_stopped: int
+    stopped_at: float  # time.perf_counter() when the producers were told to stop
 
 
 def run(
@@ -76,7 +78,8 @@ def run(
     make_producer: Callable[[], Any],
     make_consumer: Callable[[], Any],
 ) -> Load:
-    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close())."""
+    """make_producer() -> (send(), close()); make_consumer() -> (take() -> count, close()).
+    A client that cannot start breaks the start barrier: the run fails with its error."""
     produced = received = 0
     lock = threading.Lock()
     stop, done = threading.Event(), threading.Event()
@@ -85,9 +88,20 @@ def run(
     sends: list[float] = []
     ready = threading.Barrier(producers + 2 + 1)
 
+    def started(make: Callable[[], Any]) -> Any:
+        try:
+            return make()
+        except BaseException as error:  # reported after the run, never swallowed
+            errors.append(error)
+            ready.abort()
+            return None
+
     def produce() -> None:
         nonlocal produced
-        send, close = make_producer()
+        client = started(make_producer)
+        if client is None:
+            return
+        send, close = client
         mine: list[float] = []
         try:
             ready.wait()
@@ -97,7 +111,7 @@ def run(
                 mine.append(time.perf_counter() - began)
                 with lock:
                     produced += 1
-        except BaseException as error:  # reported after the run, never swallowed
+        except BaseException as error:
             errors.append(error)
         finally:
             close()
@@ -106,7 +120,10 @@ def run(
 
     def consume() -> None:
         nonlocal received
-        take, close = make_consumer()
+        client = started(make_consumer)
+        if client is None:
+            return
+        take, close = client
         try:
             ready.wait()
             while True:
@@ -129,10 +146,17 @@ def run(
     threads += [threading.Thread(target=consume) for _ in range(2)]
     for thread in threads:
         thread.start()
-    ready.wait()  # client start-up (routes, settings) is not counted
-    started = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
+    began = time.perf_counter()
+    try:
+        ready.wait()  # client start-up (routes, settings) is not counted
+    except threading.BrokenBarrierError:
+        stop.set()
+        done.set()
+    else:
+        began = time.perf_counter()
+        time.sleep(seconds)
+        stop.set()
+    stopped_at = time.perf_counter()
     with lock:
         acked_when_stopped = received
     for thread in threads[:producers]:
@@ -141,42 +165,59 @@ def run(
     for thread in threads[producers:]:
         thread.join()
     if errors:
-        raise RuntimeError(f"load failed: {errors[0]!r}") from errors[0]
-    rate = produced / (max(last[0], started + seconds) - started)
-    return Load(rate, produced, sends, acked_when_stopped)
+        first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), None)
+        first = first or errors[0]
+        raise RuntimeError(f"load failed: {first!r}") from first
+    rate = produced / (max(last[0], began + seconds) - began)
+    return Load(rate, produced, sends, acked_when_stopped, stopped_at)
 
 
 def measured(data_dir: str, load: Callable[[], Load]) -> tuple[Load, dict[str, float]]:
     """The load, and CPU per message by part (ms, bench/cpu.py), client start-up included (as
     many RPCs a client makes once, in both doors' runs): the server's parts, the bench's own
-    process ("client": the clients it runs) and the whole machine ("machine", /proc/stat)."""
+    process ("client": the clients it runs, not its /proc reads) and the whole machine
+    ("machine", /proc/stat, less the bench's reads after the load)."""
     before = cpu.sample(ROOT, data_dir)
+    own_before = cpu.own_ms()
     result = load()
+    own_after = cpu.own_ms()
     after = cpu.sample(ROOT, data_dir)
     spent = cpu.delta(before, after)
-    spent["client"] = after.own_ms - before.own_ms
-    spent["machine"] = after.system_busy_ms - before.system_busy_ms
+    spent["client"] = own_after - own_before
+    reading = after.own_ms - own_after
+    spent["machine"] = after.system_busy_ms - before.system_busy_ms - reading
     return result, {part: ms / max(result.produced, 1) for part, ms in spent.items()}
 
 
-def budget(on: dict[str, float], server: str, label: str) -> str:
+def budget(cpu_per_message: dict[str, float], server: str, label: str) -> str:
     """Where a message's machine CPU went, and the ceiling it sets: the messages/s every core
-    of this machine busy through the run would carry at that CPU per message."""
-    named = on["client"] + on[server] + on["postgres"]
-    ceiling = CORES * 1000 / on["machine"] if on["machine"] > 0 else float("inf")
+    of this machine busy through the run would carry at that CPU per message. The parts come
+    from /proc per process and the machine from /proc/stat: a negative rest is noise, flagged."""
+    parts = cpu_per_message
+    rest = parts["machine"] - parts["client"] - parts[server] - parts["postgres"]
+    cores = cpu.cores()
+    ceiling = f"{cores * 1000 / parts['machine']:.0f}" if parts["machine"] > 0 else "n/a"
+    noise = " (negative: the two readings disagree, read as noise)" if rest < 0 else ""
     return (
-        f"machine {on['machine']:.2f} ms (bench client {on['client']:.2f}, {label} "
-        f"{on[server]:.2f}, Postgres {on['postgres']:.2f}, rest {on['machine'] - named:.2f}) "
-        f"-> ceiling {ceiling:.0f} messages/s on {CORES} cores"
+        f"machine {parts['machine']:.2f} ms (bench client {parts['client']:.2f}, {label} "
+        f"{parts[server]:.2f}, Postgres {parts['postgres']:.2f}, rest {rest:.2f}{noise}) "
+        f"-> ceiling {ceiling} messages/s on {cores} cores"
     )
 
 
 def quantiles(seconds: list[float]) -> str:
+    """p50 (the median) and p99 by nearest rank."""
     if not seconds:
         return "none"
     ordered = sorted(seconds)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    p99 = ordered[max(0, math.ceil(len(ordered) * 0.99) - 1)]
     return f"p50 {1000 * statistics.median(ordered):.1f} / p99 {1000 * p99:.1f} ms"
+
+
+def ratio(part: float, whole: float, *, percent: bool = False) -> str:
+    if whole <= 0:
+        return "n/a"
+    return f"{100 * part / whole:.0f} %" if percent else f"{part / whole:.2f}x"
 
 
 def main() -> None:
@@ -185,7 +226,9 @@ def main() -> None:
     parser.add_argument("--grpc", default=f"127.0.0.1:{os.environ.get('TXHUB_GRPC_PORT', '8081')}")
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6)
-    parser.add_argument("--rpc-calls", type=int, default=200, help="calls per RPC, per-RPC CPU")
+    parser.add_argument(
+        "--rpc-calls", type=int, default=200, help="calls of each hot call, per door, alone"
+    )
     args = parser.parse_args()
     from rocketmq import (
         ClientConfiguration,
@@ -208,7 +251,8 @@ def main() -> None:
         message.body = BODY
         return (lambda: producer.send(message)), producer.shutdown
 
-    acks: list[float] = []  # each gRPC ack's round trip (list.append: one call, thread-safe)
+    # Each gRPC ack's (start, round trip); list.append is one call, safe across threads.
+    acks: list[tuple[float, float]] = []
 
     def grpc_consumer() -> Any:
         consumer = SimpleConsumer(config, name, {name: FilterExpression("*")}, 1)
@@ -219,7 +263,7 @@ def main() -> None:
             for item in batch:
                 began = time.perf_counter()
                 consumer.ack(item)
-                acks.append(time.perf_counter() - began)
+                acks.append((began, time.perf_counter() - began))
             return len(batch)
 
         return take, consumer.shutdown
@@ -233,7 +277,7 @@ def main() -> None:
 
         def producer() -> Any:
             client = Client(base, token)
-            payload = {"producer_group": name, "body": BODY.decode()}
+            payload = {"producer_group": name, "body": rest_calls.BODY}
             return (lambda: client.post(f"/topics/{topic}/messages", payload)), lambda: None
 
         def consumer() -> Any:
@@ -267,48 +311,50 @@ def main() -> None:
         cursor.execute("SHOW data_directory")
         data_dir = os.path.realpath(str(cursor.fetchone()[0]))
     connection.close()
-    on_grpc_load, on_grpc = measured(
+    grpc_load, grpc_cpu = measured(
         data_dir, lambda: run(args.producers, args.seconds, grpc_producer, grpc_consumer)
     )
     rest_producer, rest_consumer = rest_door(f"{name}-rest", one_by_one=False)
-    on_rest_load, on_rest = measured(
+    rest_load, rest_cpu = measured(
         data_dir, lambda: run(args.producers, args.seconds, rest_producer, rest_consumer)
     )
     one_producer, one_consumer = rest_door(f"{name}-rest-one", one_by_one=True)
-    on_one_load, on_one = measured(
+    one_load, one_cpu = measured(
         data_dir, lambda: run(args.producers, args.seconds, one_producer, one_consumer)
     )
-    grpc_rate, rest_rate = on_grpc_load.rate, on_rest_load.rate
     print(
         f"gRPC door, send + receive + ack, {args.producers} producers, {args.seconds:g} s: "
-        f"{grpc_rate:8.1f} messages/s (official Python client) vs REST {rest_rate:8.1f} "
-        f"messages/s ({100 * grpc_rate / rest_rate:.0f} %)"
+        f"{grpc_load.rate:8.1f} messages/s (official Python client) vs REST "
+        f"{rest_load.rate:8.1f} messages/s ({ratio(grpc_load.rate, rest_load.rate, percent=True)})"
     )
     print(
-        f"gRPC door server CPU per message: gRPC processes {on_grpc['grpc']:.2f} ms, Postgres "
-        f"{on_grpc['postgres']:.2f} ms vs REST web {on_rest['web']:.2f} ms, Postgres "
-        f"{on_rest['postgres']:.2f} ms (gRPC/web {on_grpc['grpc'] / on_rest['web']:.2f}x)"
+        f"gRPC door server CPU per message: gRPC processes {grpc_cpu['grpc']:.2f} ms, Postgres "
+        f"{grpc_cpu['postgres']:.2f} ms vs REST web {rest_cpu['web']:.2f} ms, Postgres "
+        f"{rest_cpu['postgres']:.2f} ms (gRPC/web {ratio(grpc_cpu['grpc'], rest_cpu['web'])})"
     )
-    print(f"gRPC door machine CPU per message: {budget(on_grpc, 'grpc', 'gRPC processes')}")
-    print(f"REST machine CPU per message: {budget(on_rest, 'web', 'web')}")
+    print(f"gRPC door machine CPU per message: {budget(grpc_cpu, 'grpc', 'gRPC processes')}")
+    print(f"REST machine CPU per message: {budget(rest_cpu, 'web', 'web')}")
 
-    def share(load: Load) -> float:
-        return 100 * load.acked_when_stopped / max(load.produced, 1)
+    def consumed(load: Load) -> str:
+        return ratio(load.acked_when_stopped, load.produced, percent=True)
 
+    while_sending = [took for began, took in acks if began < grpc_load.stopped_at]
+    after_sending = [took for began, took in acks if began >= grpc_load.stopped_at]
     print(
-        f"gRPC door round trips: send {quantiles(on_grpc_load.sends)}, ack of one "
-        f"{quantiles(acks)}; consumed when the producers stopped {share(on_grpc_load):.0f} % "
-        f"(REST: send {quantiles(on_rest_load.sends)}; {share(on_rest_load):.0f} %)"
+        f"gRPC door round trips: send {quantiles(grpc_load.sends)}; ack of one while the "
+        f"producers sent {quantiles(while_sending)}, after {quantiles(after_sending)}; "
+        f"consumed when the producers stopped {consumed(grpc_load)} "
+        f"(REST: send {quantiles(rest_load.sends)}; {consumed(rest_load)})"
     )
     print(
         f"REST acking one message per request, as the official client: "
-        f"{on_one_load.rate:.1f} messages/s, web {on_one['web']:.2f} ms, Postgres "
-        f"{on_one['postgres']:.2f} ms per message; the gRPC door at "
-        f"{100 * grpc_rate / on_one_load.rate:.0f} % of its messages/s and "
-        f"{on_grpc['grpc'] / on_one['web']:.2f}x its web CPU per message; "
-        f"{budget(on_one, 'web', 'web')}"
+        f"{one_load.rate:.1f} messages/s, web {one_cpu['web']:.2f} ms, Postgres "
+        f"{one_cpu['postgres']:.2f} ms per message; the gRPC door at "
+        f"{ratio(grpc_load.rate, one_load.rate, percent=True)} of its messages/s and "
+        f"{ratio(grpc_cpu['grpc'], one_cpu['web'])} its web CPU per message; "
+        f"{budget(one_cpu, 'web', 'web')}"
     )
-    spent = grpc_rpcs.per_rpc(
+    grpc_per_call = grpc_rpcs.per_rpc(
         endpoint=args.grpc,
         keys=keys,
         topic=f"{name}-rpc",
@@ -318,9 +364,12 @@ def main() -> None:
     )
     print(
         f"gRPC door CPU per call ({args.rpc_calls} calls each, gRPC processes + Postgres): "
-        + ", ".join(f"{rpc} {spent[rpc][0]:.2f} + {spent[rpc][1]:.2f} ms" for rpc in grpc_rpcs.HOT)
+        + ", ".join(
+            f"{rpc} {grpc_per_call[rpc][0]:.2f} + {grpc_per_call[rpc][1]:.2f} ms"
+            for rpc in grpc_rpcs.HOT
+        )
     )
-    rest = rest_calls.per_call(
+    rest_per_call = rest_calls.per_call(
         base=base,
         token=token,
         topic=f"{name}-calls",
@@ -330,19 +379,21 @@ def main() -> None:
     )
     print(
         f"REST lean door CPU per call ({args.rpc_calls} calls each, web + Postgres): "
-        + ", ".join(f"{call} {rest[call][0]:.2f} + {rest[call][1]:.2f} ms" for call, _ in PAIRS)
+        + ", ".join(
+            f"{call} {rest_per_call[call][0]:.2f} + {rest_per_call[call][1]:.2f} ms"
+            for call, _ in rest_calls.PAIRS
+        )
     )
+    # The gRPC send carries the client's own message id, which costs a lookup REST's does not
+    # make (services/client_ids.py): the official client always sends one.
     print(
         "gRPC door / REST lean door per call, server processes (and Postgres): "
         + ", ".join(
-            f"{rpc} {ratio(spent[rpc][0], rest[call][0])} ({ratio(spent[rpc][1], rest[call][1])})"
-            for call, rpc in PAIRS
+            f"{rpc} {ratio(grpc_per_call[rpc][0], rest_per_call[call][0])} "
+            f"({ratio(grpc_per_call[rpc][1], rest_per_call[call][1])})"
+            for call, rpc in rest_calls.PAIRS
         )
     )
-
-
-def ratio(grpc_ms: float, rest_ms: float) -> str:
-    return f"{grpc_ms / rest_ms:.2f}x" if rest_ms > 0 else "n/a"
 
 
 if __name__ == "__main__":

@@ -331,7 +331,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6, help="length of each txhub step")
     parser.add_argument("--pgbench-seconds", type=int, default=6)
     parser.add_argument("--waiting", type=int, default=500, help="waiting consumers (idle cost)")
-    parser.add_argument("--rpc-calls", type=int, default=200, help="gRPC calls of each RPC")
+    parser.add_argument("--rpc-calls", type=int, default=200, help="calls of each hot call")
     parser.add_argument(
         "--skip",
         default="",

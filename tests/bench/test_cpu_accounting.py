@@ -2,6 +2,7 @@
 accounting printed negative Postgres CPU when backends exited), and client commands are not
 servers."""
 
+import os
 import subprocess
 import sys
 import time
@@ -112,3 +113,14 @@ def test_a_grpc_server_is_a_part_of_its_own(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_ceiling_divides_by_the_cpus_whose_busy_time_is_summed() -> None:
+    # /proc/stat's first line sums its "cpuN" lines; the machine's online CPUs are those.
+    assert cpu.cores() == os.cpu_count()
+
+
+def test_the_busy_time_leaves_out_steal_and_guest() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice, in ticks
+    line = "cpu  100 10 20 5000 30 1 2 400 50 5"
+    assert cpu.busy_ticks(line) == 100 + 10 + 20 + 1 + 2

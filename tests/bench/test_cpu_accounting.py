@@ -55,25 +55,46 @@ def test_a_worker_child_that_exits_stays_counted(tmp_path: Path) -> None:
         worker.wait()
 
 
+def _zombie_child_of(parent: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if fields[0] == "Z" and fields[1] == str(parent):
+            return True
+    return False
+
+
 def test_a_child_that_exited_and_is_not_yet_reaped_stays_counted(tmp_path: Path) -> None:
-    # The worker's child burns 0.4 s and exits; the worker reaps it only 3 s later. Meanwhile
-    # the child is a zombie: no command line to match, its time not yet in the worker's cutime.
+    # The worker's child burns 0.4 s and exits; the worker reaps it only when the test says so.
+    # Meanwhile the child is a zombie: no command line to match, its time not yet in the
+    # worker's cutime. Waiting for the zombie, not for a fixed time: on a loaded machine the
+    # child may take seconds of wall time to burn its 0.4 s.
     code = (
         "import os, time\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         + "".join("    " + line + "\n" for line in BURN.format(s=0.4).splitlines())
         + "    os._exit(0)\n"
-        "time.sleep(3)\n"
+        "while not os.path.exists('reap'): time.sleep(0.05)\n"
         "os.waitpid(pid, 0)\n"
         "time.sleep(30)\n"
     )
     worker = _named("celery -A txhub worker -Q celery", code, tmp_path)
     try:
-        time.sleep(1.5)  # the child has burnt its 0.4 s and exited; not reaped before 3 s
+        deadline = time.monotonic() + 30
+        while not _zombie_child_of(worker.pid):
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.05)
         while_zombie = cpu.sample(tmp_path, "/nonexistent").parts["celery"]
         assert while_zombie >= 350, while_zombie
-        time.sleep(2.5)
+        (tmp_path / "reap").touch()
+        while _zombie_child_of(worker.pid):
+            assert time.monotonic() < deadline, "the worker never reaped its child"
+            time.sleep(0.05)
         reaped = cpu.sample(tmp_path, "/nonexistent").parts["celery"]
         assert reaped >= while_zombie
     finally:

@@ -14,6 +14,7 @@ shared machine it also counts the neighbours, so it is an upper bound, not the f
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +126,14 @@ def delta(before: Sample, after: Sample) -> dict[str, float]:
     out = {part: after.parts[part] - before.parts[part] for part in before.parts}
     out["system"] = (after.system_busy_ms - before.system_busy_ms) - (after.own_ms - before.own_ms)
     return out
+
+
+def per_call(
+    root: Path, pg_data_dir: str, *, calls: int, call: Callable[[], object], server: str
+) -> tuple[float, float]:
+    """(the `server` part's ms, Postgres ms) per call, over `calls` calls of `call` in a row."""
+    before = sample(root, pg_data_dir)
+    for _ in range(calls):
+        call()
+    spent = delta(before, sample(root, pg_data_dir))
+    return spent[server] / calls, spent["postgres"] / calls

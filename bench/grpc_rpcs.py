@@ -152,11 +152,7 @@ def per_rpc(
         it.ack()
 
         def measured(name: str, call: Callable[[], Any]) -> None:
-            before = cpu.sample(root, data_dir)
-            for _ in range(calls):
-                call()
-            spent = cpu.delta(before, cpu.sample(root, data_dir))
-            found[name] = (spent["grpc"] / calls, spent["postgres"] / calls)
+            found[name] = cpu.per_call(root, data_dir, calls=calls, call=call, server="grpc")
 
         measured("Heartbeat", it.heartbeat)
         measured("SendMessage", it.send)

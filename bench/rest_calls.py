@@ -79,11 +79,7 @@ def per_call(
     calls_of.ack()
 
     def measured(name: str, call: Callable[[], Any]) -> None:
-        before = cpu.sample(root, data_dir)
-        for _ in range(calls):
-            call()
-        spent = cpu.delta(before, cpu.sample(root, data_dir))
-        found[name] = (spent["web"] / calls, spent["postgres"] / calls)
+        found[name] = cpu.per_call(root, data_dir, calls=calls, call=call, server="web")
 
     measured("send", calls_of.send)
     measured("receive", calls_of.receive)

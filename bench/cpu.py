@@ -41,6 +41,11 @@ def _stat(pid: str) -> tuple[str, str, float]:
     return fields[0], fields[1], sum(int(value) for value in fields[11:15]) * 1000 / TICKS
 
 
+def process_ms(pid: int) -> float:
+    """One process's CPU, ms, with its waited-for children's."""
+    return _stat(str(pid))[2]
+
+
 def _scan(root_text: str, pg_data_dir: str) -> tuple[dict[str, float], frozenset[str]]:
     """ms per part, and which processes were counted ("pid" live, "pid Z" not yet reaped)."""
     parts = {"web": 0.0, "postgres": 0.0, "celery": 0.0, "grpc": 0.0}

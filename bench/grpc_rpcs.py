@@ -31,7 +31,7 @@ HOT = ("SendMessage", "ReceiveMessage", "AckMessage", "EndTransaction", "Heartbe
 CLIENT_ID = f"bench-grpc-rpcs-{uuid.uuid4().hex[:12]}"
 
 
-def _metadata(keys: dict[str, str]) -> list[tuple[str, str]]:
+def metadata(keys: dict[str, str]) -> list[tuple[str, str]]:
     date_time = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = Signature.sign(keys["secret_key"], date_time)
     return [
@@ -59,19 +59,8 @@ class _Calls:
         self.halves: list[tuple[str, str]] = []  # (message id, transaction id)
 
     def send(self, message_type: int = pb.NORMAL) -> Any:
-        message = pb.Message(
-            topic=pb.Resource(name=self.topic),
-            body=b"bench message body",
-            system_properties=pb.SystemProperties(
-                message_id=uuid.uuid4().hex.upper(),
-                message_type=message_type,
-                body_encoding=pb.IDENTITY,
-                born_timestamp=_now(),
-                born_host="bench",
-            ),
-        )
-        request = rpc.SendMessageRequest(messages=[message])
-        answer = self.stub.SendMessage(request, metadata=_metadata(self.keys))
+        request = send_request(self.topic, message_type)
+        answer = self.stub.SendMessage(request, metadata=metadata(self.keys))
         entry = _checked(answer, "SendMessage").entries[0]
         if message_type == pb.TRANSACTION:
             self.halves.append((entry.message_id, entry.transaction_id))
@@ -81,15 +70,8 @@ class _Calls:
         return self.send(pb.TRANSACTION)
 
     def receive(self) -> Any:
-        request = rpc.ReceiveMessageRequest(
-            group=pb.Resource(name=self.group),
-            message_queue=pb.MessageQueue(topic=pb.Resource(name=self.topic), id=-1),
-            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-            batch_size=1,
-            invisible_duration=_seconds(30),
-            auto_renew=False,
-        )
-        for answer in self.stub.ReceiveMessage(request, metadata=_metadata(self.keys)):
+        request = receive_request(self.topic, self.group, 1)
+        for answer in self.stub.ReceiveMessage(request, metadata=metadata(self.keys)):
             if answer.HasField("message"):
                 system = answer.message.system_properties
                 self.handles.append((system.message_id, system.receipt_handle))
@@ -97,13 +79,8 @@ class _Calls:
                 _checked(answer, "ReceiveMessage")
 
     def ack(self) -> Any:
-        message_id, handle = self.handles.pop()
-        request = rpc.AckMessageRequest(
-            group=pb.Resource(name=self.group),
-            topic=pb.Resource(name=self.topic),
-            entries=[rpc.AckMessageEntry(message_id=message_id, receipt_handle=handle)],
-        )
-        return _checked(self.stub.AckMessage(request, metadata=_metadata(self.keys)), "Ack")
+        request = ack_request(self.topic, self.group, *self.handles.pop())
+        return _checked(self.stub.AckMessage(request, metadata=metadata(self.keys)), "Ack")
 
     def end(self) -> Any:
         message_id, transaction_id = self.halves.pop()
@@ -114,12 +91,49 @@ class _Calls:
             resolution=pb.COMMIT,
             source=pb.SOURCE_CLIENT,
         )
-        answer = self.stub.EndTransaction(request, metadata=_metadata(self.keys))
+        answer = self.stub.EndTransaction(request, metadata=metadata(self.keys))
         return _checked(answer, "EndTransaction")
 
     def heartbeat(self) -> Any:
         request = rpc.HeartbeatRequest(client_type=pb.PRODUCER, group=pb.Resource(name=self.group))
-        return _checked(self.stub.Heartbeat(request, metadata=_metadata(self.keys)), "Heartbeat")
+        return _checked(self.stub.Heartbeat(request, metadata=metadata(self.keys)), "Heartbeat")
+
+
+def send_request(topic: str, message_type: int = pb.NORMAL) -> Any:
+    """One message with the client's own fresh id, as the official client's `send`."""
+    message = pb.Message(
+        topic=pb.Resource(name=topic),
+        body=b"bench message body",
+        system_properties=pb.SystemProperties(
+            message_id=uuid.uuid4().hex.upper(),
+            message_type=message_type,
+            body_encoding=pb.IDENTITY,
+            born_timestamp=_now(),
+            born_host="bench",
+        ),
+    )
+    return rpc.SendMessageRequest(messages=[message])
+
+
+def receive_request(topic: str, group: str, batch: int) -> Any:
+    """Up to `batch` messages, no long poll."""
+    return rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+        batch_size=batch,
+        invisible_duration=_seconds(30),
+        auto_renew=False,
+    )
+
+
+def ack_request(topic: str, group: str, message_id: str, handle: str) -> Any:
+    """One receipt handle, as the official client's `ack`."""
+    return rpc.AckMessageRequest(
+        group=pb.Resource(name=group),
+        topic=pb.Resource(name=topic),
+        entries=[rpc.AckMessageEntry(message_id=message_id, receipt_handle=handle)],
+    )
 
 
 def _now() -> Any:

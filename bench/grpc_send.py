@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import cpu  # noqa: E402
+import grpc_floor  # noqa: E402
 import grpc_rpcs  # noqa: E402
 import rest_calls  # noqa: E402
 from http_client import Client  # noqa: E402
@@ -305,6 +306,7 @@ def main() -> None:
     registry.topic_create(name=f"{name}-rest-one", queues=4)
     registry.topic_create(name=f"{name}-rpc", queues=4)
     registry.topic_create(name=f"{name}-calls", queues=4)
+    registry.topic_create(name=f"{name}-floor", queues=4)
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -393,6 +395,31 @@ def main() -> None:
             f"({ratio(grpc_per_call[rpc][1], rest_per_call[call][1])})"
             for call, rpc in rest_calls.PAIRS
         )
+    )
+
+    floor = grpc_floor.measure(keys=keys, topic=f"{name}-floor", group=name, calls=args.rpc_calls)
+    print(floor_line(floor, grpc_ms=grpc_cpu["grpc"], web_ms=rest_cpu["web"]))
+
+
+def floor_line(floor: grpc_floor.Floor, *, grpc_ms: float, web_ms: float) -> str:
+    """The floor under the gRPC processes' CPU per message beside issue 28's target (1.3x the
+    web tier's, batched REST), and the door's own cost above it in the load (decision 0067)."""
+    batch = grpc_floor.BATCH
+    target = 1.3 * web_ms
+    room = target - floor.per_message
+    left = (
+        f"the target leaves {room:.2f} ms for it"
+        if room >= 0
+        else f"the target is {-room:.2f} ms below the floor"
+    )
+    return (
+        f"gRPC door floor per message: {floor.per_message:.2f} ms = grpc.aio alone "
+        f"{floor.framework:.2f} (empty call {floor.unary:.2f} x 2, stream of "
+        f"{grpc_floor.STREAMED} answers {floor.stream:.2f} / {batch}) + synchronous parts: send "
+        f"{floor.send:.2f} + ack {floor.ack:.2f} + receive of {batch} {floor.receive:.2f} / "
+        f"{batch}; {ratio(floor.per_message, web_ms)} REST's web per message, target 1.30x "
+        f"({target:.2f} ms); the gRPC processes spent {grpc_ms:.2f} ms, the door's own "
+        f"{grpc_ms - floor.per_message:.2f} ms above the floor, and {left}"
     )
 
 

@@ -1,26 +1,31 @@
-"""The floor under the gRPC door's CPU per message (issue 28, docs/decisions/0067): the least a
-door on grpc.aio could spend on bench/grpc_send.py's workload if the door itself cost nothing
-beyond the framework and the work each call must do, measured in the same run.
+"""The floor under the gRPC door's CPU per message (issue 28, docs/decisions/0067): what a door on
+grpc.aio would spend on bench/grpc_send.py's workload if it cost nothing beyond the framework
+and the work each call must do, measured in the same run.
 
 A message of that workload is one SendMessage, one AckMessage of one handle (the official client
 acks one message per call) and a 32nd of a ReceiveMessage that streams 32 messages. The floor
 adds up, per message:
-- grpc.aio's own CPU (on uvloop, as `manage.py grpcserver`) for two empty unary calls and a 32nd
-  of a call that streams 34 answers (32 messages, a status and a timestamp), with the official
-  client's metadata: a server that answers from bytes, in a child process that this module starts
-  (`python bench/grpc_floor.py`, which prints its port);
-- each RPC's synchronous part as the door's one thread hop runs it (authentication and the rate
-  limit's count, the service call, the answer built), with its request decoded and its answers
-  encoded: called here, on this thread, with the request the official client sends.
+- grpc.aio's own CPU for two empty unary calls and a 32nd of a call that streams 34 answers (32
+  messages, a status and a timestamp), with the official client's metadata: a server on uvloop
+  (the loop `manage.py grpcserver` runs, with grpc's default options) answering from bytes, in a
+  child process this module starts (`python bench/grpc_floor.py`, which prints its port);
+- each RPC's synchronous part as the door runs it in its one thread hop (authentication and the
+  rate limit's count, the service call, the answers built by the door's own code), with its
+  request decoded and its answers encoded: called here, on this thread, with the requests the
+  official client sends, made before the clock runs. It calls the door's internals on purpose:
+  they are what is measured.
 
-Left out, so any real door spends more: the hop to the executor, what the event loop does beyond
-an empty call, heartbeats, Telemetry and route queries, and contention under load.
+Left out, so a door doing the same work spends more: the hop to the executor and the pool's
+connection checkout around it, what the event loop does beyond an empty call, heartbeats,
+Telemetry and route queries, and contention under load. One caveat: the empty calls are made
+one at a time to an idle server, where a loaded one may share some wake-ups between calls.
 
 A library of grpc_send.py, which prints its line.
 """
 
 import asyncio
 import os
+import select
 import subprocess
 import sys
 import time
@@ -32,7 +37,7 @@ import cpu
 import grpc
 import grpc_rpcs
 
-BATCH = 32  # what the workload's consumers ask one receive for
+BATCH = 32  # what the workload's consumers ask one receive for (grpc_send.py uses it)
 STREAMED = BATCH + 2  # and what such a receive streams: the messages, a status, a timestamp
 ANSWER = b"x" * 300  # about one streamed message's size
 SERVICE = "txhub.bench.Floor"
@@ -61,8 +66,9 @@ class Floor:
 
 
 def measure(*, keys: dict[str, str], topic: str, group: str, calls: int) -> Floor:
-    """`calls` calls of each unary kind (five times as many empty ones), and receives of BATCH
-    for `calls` messages (at least one). `topic` is new and `group` consumes it."""
+    """`calls` sends and acks, receives of BATCH for those messages (rounded up to whole
+    receives: a few more messages are sent, not counted), `5 * calls` empty calls and `calls`
+    streams. `topic` is new and `group` consumes it."""
     metadata = grpc_rpcs.metadata(keys)
     unary, stream = _framework(metadata, unary_calls=5 * calls, stream_calls=calls)
     send, ack, receive = _synchronous_parts(keys, topic, group, calls)
@@ -76,8 +82,7 @@ def _framework(
         [sys.executable, __file__], stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(__file__)
     )
     try:
-        assert child.stdout is not None
-        port = int(child.stdout.readline())
+        port = _port_of(child)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             empty = channel.unary_unary(f"/{SERVICE}/Empty")
             streamed = channel.unary_stream(f"/{SERVICE}/Stream")
@@ -101,6 +106,16 @@ def _framework(
         child.wait()
 
 
+def _port_of(child: subprocess.Popen[str], wait: float = 30.0) -> int:
+    """The port the child prints once it listens, or a clear error if it never does."""
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], wait)
+    line = child.stdout.readline() if ready else ""
+    if not line.strip().isdigit():
+        raise RuntimeError(f"the floor's server did not start (exit code {child.poll()})")
+    return int(line)
+
+
 def _child_ms(pid: int, calls: int, call: Callable[[], None]) -> float:
     before = cpu.process_ms(pid)
     for _ in range(calls):
@@ -113,12 +128,9 @@ def _synchronous_parts(
 ) -> tuple[float, float, float]:
     """(send, ack, receive of BATCH) ms of this thread's CPU per call, as the hop runs them. The
     requests and their signed metadata are made before the clock runs: they are the client's."""
-    from django.utils import timezone
-    from rocketmq.grpc_protocol import service_pb2 as rpc
-
-    from apps.broker.grpc.consumers import _first_try
-    from apps.broker.grpc.protocol import Code, message_of, status, timestamp
-    from apps.broker.grpc.resources import _as_caller
+    from apps.broker.grpc.consumers import _first_try, answers_of
+    from apps.broker.grpc.protocol import Code
+    from apps.broker.grpc.resources import counted_caller
     from apps.broker.grpc.servicer import MessagingService
 
     door = MessagingService(process="bench-floor")
@@ -127,9 +139,9 @@ def _synchronous_parts(
         return type(request), request.SerializeToString(), grpc_rpcs.metadata(keys)
 
     def hop(fn: Callable[..., Any], request: Wire, *args: Any) -> Any:
-        """`fn` as the door's hop runs it, on the request as the wire brings it."""
+        """`fn` as the door's hop runs it (resources.as_caller), on the request off the wire."""
         kind, body, metadata = request
-        return _as_caller(dict(metadata), fn, (kind.FromString(body), *args))
+        return fn(counted_caller(dict(metadata)), kind.FromString(body), *args)
 
     def answered(answer: Any, what: str) -> None:
         if answer.status.code != Code.OK:
@@ -145,18 +157,9 @@ def _synchronous_parts(
         found, seconds, received, _ = hop(_first_try, request, None)
         if len(received) != BATCH:
             raise RuntimeError(f"floor receive: {len(received)} messages, not {BATCH}")
-        rpc.ReceiveMessageResponse(status=status()).SerializeToString()
-        for item in received:
-            message = message_of(
-                item.message,
-                topic=found.name,
-                receipt_handle=item.receipt_handle,
-                delivery_attempt=item.delivery.attempts,
-                invisible_seconds=seconds,
-            )
-            rpc.ReceiveMessageResponse(message=message).SerializeToString()
-            handles.append((item.message.msg_id, item.receipt_handle))
-        rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now())).SerializeToString()
+        for answer in answers_of(received, topic=found.name, invisible_seconds=seconds):
+            answer.SerializeToString()
+        handles.extend((item.message.msg_id, item.receipt_handle) for item in received)
 
     def ack(request: Wire) -> None:
         answered(hop(door._ack, request), "AckMessage")
@@ -167,19 +170,23 @@ def _synchronous_parts(
     def receives(count: int) -> list[Wire]:
         return [wire(grpc_rpcs.receive_request(topic, group, BATCH)) for _ in range(count)]
 
-    # Warm: the topic's and the group's caches, the group's cursors on the topic.
+    def acks(count: int) -> list[Wire]:
+        taken, handles[:count] = handles[:count], []
+        return [wire(grpc_rpcs.ack_request(topic, group, *handle)) for handle in taken]
+
+    # Warm, one of each kind: the topic's and the group's caches, the group's cursors.
     _thread_ms(sends(BATCH), send)
     _thread_ms(receives(1), receive)
+    _thread_ms(acks(1), ack)
     handles.clear()
     send_ms = _thread_ms(sends(calls), send)
-    rounds = max(1, calls // BATCH)
+    rounds = -(-calls // BATCH)  # whole receives for every message just sent
     _thread_ms(sends(rounds * BATCH - calls), send)
     receive_ms = _thread_ms(receives(rounds), receive)
-    acks = [wire(grpc_rpcs.ack_request(topic, group, *handle)) for handle in handles[:calls]]
-    return send_ms, _thread_ms(acks, ack), receive_ms
+    return send_ms, _thread_ms(acks(calls), ack), receive_ms
 
 
-def _thread_ms(requests: list[Any], call: Callable[[Any], None]) -> float:
+def _thread_ms(requests: list[Wire], call: Callable[[Wire], None]) -> float:
     """ms of this thread's CPU per request, `call` on each."""
     before = time.thread_time()
     for request in requests:

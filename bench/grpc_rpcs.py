@@ -32,6 +32,7 @@ CLIENT_ID = f"bench-grpc-rpcs-{uuid.uuid4().hex[:12]}"
 
 
 def metadata(keys: dict[str, str]) -> list[tuple[str, str]]:
+    """A call's metadata, signed now as the official Python client signs it."""
     date_time = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     signature = Signature.sign(keys["secret_key"], date_time)
     return [

@@ -260,7 +260,7 @@ def main() -> None:
         consumer.startup()
 
         def take() -> int:
-            batch = consumer.receive(32, 30) or []
+            batch = consumer.receive(grpc_floor.BATCH, 30) or []
             for item in batch:
                 began = time.perf_counter()
                 consumer.ack(item)
@@ -283,7 +283,7 @@ def main() -> None:
 
         def consumer() -> Any:
             client = Client(base, token)
-            receive = {"topic": topic, "max_messages": 32, "wait_seconds": 1}
+            receive = {"topic": topic, "max_messages": grpc_floor.BATCH, "wait_seconds": 1}
             ack = f"/consumer-groups/{name}/ack"
 
             def take() -> int:
@@ -403,12 +403,13 @@ def main() -> None:
 
 def floor_line(floor: grpc_floor.Floor, *, grpc_ms: float, web_ms: float) -> str:
     """The floor under the gRPC processes' CPU per message beside issue 28's target (1.3x the
-    web tier's, batched REST), and the door's own cost above it in the load (decision 0067)."""
+    web tier's, batched REST), and what the load spent above it: the door's own cost and the
+    calls the floor leaves out (decision 0067)."""
     batch = grpc_floor.BATCH
     target = 1.3 * web_ms
     room = target - floor.per_message
     left = (
-        f"the target leaves {room:.2f} ms for it"
+        f"the target leaves {room:.2f} ms above it"
         if room >= 0
         else f"the target is {-room:.2f} ms below the floor"
     )
@@ -418,7 +419,7 @@ def floor_line(floor: grpc_floor.Floor, *, grpc_ms: float, web_ms: float) -> str
         f"{grpc_floor.STREAMED} answers {floor.stream:.2f} / {batch}) + synchronous parts: send "
         f"{floor.send:.2f} + ack {floor.ack:.2f} + receive of {batch} {floor.receive:.2f} / "
         f"{batch}; {ratio(floor.per_message, web_ms)} REST's web per message, target 1.30x "
-        f"({target:.2f} ms); the gRPC processes spent {grpc_ms:.2f} ms, the door's own "
+        f"({target:.2f} ms); the gRPC processes spent {grpc_ms:.2f} ms, "
         f"{grpc_ms - floor.per_message:.2f} ms above the floor, and {left}"
     )
 

@@ -4,7 +4,7 @@ the backoff the Telemetry settings announce; the dead-letter queue). Each calls 
 `services.consuming` function, the REST door's."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -88,17 +88,8 @@ class ConsumerRpcs:
                 status=status(Code.MESSAGE_NOT_FOUND, "No new message.")
             )
             return
-        yield rpc.ReceiveMessageResponse(status=status())
-        for item in received:
-            message = message_of(
-                item.message,
-                topic=topic.name,
-                receipt_handle=item.receipt_handle,
-                delivery_attempt=item.delivery.attempts,
-                invisible_seconds=seconds,
-            )
-            yield rpc.ReceiveMessageResponse(message=message)
-        yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
+        for answer in answers_of(received, topic=topic.name, invisible_seconds=seconds):
+            yield answer
 
     @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -176,6 +167,24 @@ class ConsumerRpcs:
         except BrokerError as error:
             raise Refusal(Code.INVALID_RECEIPT_HANDLE, error.message) from None
         return rpc.ForwardMessageToDeadLetterQueueResponse(status=status())
+
+
+def answers_of(
+    received: list[consuming.Received], *, topic: str, invisible_seconds: int
+) -> Iterator[Any]:
+    """A receive's stream once something was received: OK, each message, then the delivery
+    timestamp."""
+    yield rpc.ReceiveMessageResponse(status=status())
+    for item in received:
+        message = message_of(
+            item.message,
+            topic=topic,
+            receipt_handle=item.receipt_handle,
+            delivery_attempt=item.delivery.attempts,
+            invisible_seconds=invisible_seconds,
+        )
+        yield rpc.ReceiveMessageResponse(message=message)
+    yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
 
 
 def _first_try(

@@ -6,7 +6,6 @@ tests/chaos/cluster.py, with two beats. Handles to kill, pause and restart a nod
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,27 +15,9 @@ import psycopg
 import requests
 
 from tests.chaos.cluster import ROOT, Cluster, wait_for
-from tests.support.ports import RESERVED
+from tests.support.ports import free_ports
 
 NODES = (1, 2, 3)
-
-
-def free_ports(count: int, taken: set[int]) -> list[int]:
-    """`count` distinct free ports, none of `taken`: held open together while they are picked
-    (free_port() one at a time may hand out the same port twice)."""
-    sockets: list[socket.socket] = []
-    try:
-        while len(sockets) < count:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] in taken | RESERVED:
-                sock.close()
-                continue
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def make_groups(api: str, headers: dict[str, str], name: str) -> None:
@@ -223,5 +204,22 @@ class HACluster(Cluster):
             streaming = [m for m in members if m.get("state") == "streaming"]
             return len(streaming) == 2 and any(m["role"] == "sync_standby" for m in members)
 
-        wait_for(whole, timeout, "three healthy members")
+        try:
+            wait_for(whole, timeout, "three healthy members")
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}\n{self.state_report()}") from None
         time.sleep(0.5)
+
+    def state_report(self) -> str:
+        """What each member says of itself and the end of its Patroni log: the cluster's
+        directory is gone once the test ends, so a failure carries them."""
+        lines = []
+        for node in NODES:
+            try:
+                lines.append(f"node{node}: {self.rest(node, '/patroni').text[:500]}")
+            except requests.RequestException as error:
+                lines.append(f"node{node}: no answer ({type(error).__name__})")
+            log = self.logs_of(node)
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            lines.extend(f"  {line}" for line in tail)
+        return "\n".join(lines)

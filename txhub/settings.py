@@ -114,6 +114,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "txhub.static_files.StaticFilesMiddleware",  # WhiteNoise (docs/decisions/0060)
+    "apps.console.unstorable.UnstorableQueryMiddleware",  # 400 for a NUL in a page's query
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

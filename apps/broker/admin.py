@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from apps.broker import limits
 from apps.broker.models import (
     ApiToken,
     AuditRecord,
@@ -21,6 +22,7 @@ from apps.broker.models import (
     Topic,
 )
 from apps.broker.services import operator
+from apps.broker.services.errors import BrokerError
 from apps.console.forms import ReasonForm
 from apps.console.roles import can_act
 
@@ -62,15 +64,23 @@ def _bulk(action: str, label: str) -> Any:
             return None
         form = ReasonForm(request.POST if "apply" in request.POST else None)
         if form.is_valid():
-            for half in queryset:
-                result = operator.operator_act(
-                    transaction_id=half.transaction_id,
+            # One more than a batch may hold is enough to refuse it (the ids only, no bodies).
+            ids = list(
+                queryset.values_list("transaction_id", flat=True)[: limits.MAX_BATCH_MESSAGES + 1]
+            )
+            try:
+                results = operator.operator_act_many(
+                    transaction_ids=ids,
                     action=action,
                     username=request.user.get_username(),
                     reason=form.cleaned_data["reason"],
                 )
+            except BrokerError as error:
+                modeladmin.message_user(request, f"Nothing done: {error.message}", messages.ERROR)
+                return None
+            for transaction_id, result in zip(ids, results, strict=True):
                 level = messages.SUCCESS if result.ok else messages.WARNING
-                modeladmin.message_user(request, f"{half.transaction_id}: {result.message}", level)
+                modeladmin.message_user(request, f"{transaction_id}: {result.message}", level)
             return None
         return TemplateResponse(
             request,

@@ -5,9 +5,12 @@ limit is checked before anything is stored and the schema says what is checked
 (docs/decisions/0045)."""
 
 import re
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from django.conf import settings
+
+T = TypeVar("T")
 
 # Patterns are matched whole (re.fullmatch): `^...$` would let "orders\n" through.
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,127}"
@@ -215,6 +218,23 @@ def check_scope(value: str) -> str:
     if not SCOPE_RE.fullmatch(value):
         raise LimitError("A scope is 'admin', 'produce:<producer group>' or 'consume:<group>'.")
     return value
+
+
+def check_scopes(values: list[str]) -> list[str]:
+    """A token's scopes, at every door that makes one: 1 to MAX_SCOPES, each a scope."""
+    if not 1 <= len(values) <= MAX_SCOPES:
+        raise LimitError(f"A token has 1 to {MAX_SCOPES} scopes.")
+    return [check_scope(value) for value in values]
+
+
+def check_id_batch(values: list[T]) -> list[T]:
+    """The transactions one batch resolves (REST's :commit/:rollback, the console's and the
+    admin's bulk actions): 1 to MAX_BATCH_MESSAGES ids, each once, checked before any is."""
+    if not 1 <= len(values) <= MAX_BATCH_MESSAGES:
+        raise LimitError(f"A batch has 1 to {MAX_BATCH_MESSAGES} transaction ids.")
+    if len(set(values)) != len(values):
+        raise LimitError("Each transaction id may appear once in a batch.")
+    return values
 
 
 def check_url(value: str) -> str:

@@ -272,7 +272,8 @@ def transaction_search(
     if min_check_times is not None:
         found = found.filter(check_times__gte=min_check_times)
     if query:
-        match = Q(msg_id=query.upper()) | Q(keys__contains=[query])
+        # An id as given (a client's own, decision 0040) or upper-cased (txhub's, typed lower).
+        match = Q(msg_id__in={query, query.upper()}) | Q(keys__contains=[query])
         with contextlib.suppress(ValueError):  # not every query is a transaction id
             match |= Q(transaction_id=uuid.UUID(query))
         found = found.filter(match)

@@ -50,10 +50,10 @@ class ConfirmedReasonForm(ReasonForm):
     confirm = forms.BooleanField(label="I have checked this transaction and want to go ahead.")
 
 
-def _limit(check: Callable[..., str], **kwargs: Any) -> Callable[[str], None]:
+def _limit(check: Callable[..., Any], **kwargs: Any) -> Callable[[Any], None]:
     """A Django validator from one of apps.broker.limits' checks: the API's rules, not a copy."""
 
-    def validate(value: str) -> None:
+    def validate(value: Any) -> None:
         try:
             check(value, **kwargs)
         except limits.LimitError as error:
@@ -146,10 +146,7 @@ class TokenForm(forms.Form):
 
     def clean_scopes(self) -> list[str]:
         scopes = [s for s in self.cleaned_data["scopes"].replace(",", " ").split() if s]
-        if not scopes:
-            raise ValidationError("At least one scope.")
-        for scope in scopes:
-            _limit(limits.check_scope)(scope)
+        _limit(limits.check_scopes)(scopes)
         return scopes
 
 
@@ -163,6 +160,11 @@ class BulkActionForm(forms.Form):
         super().__init__(*args, **kwargs)
         # Any well-formed id is acceptable here; the service decides what each one allows.
         self.fields["ids"].valid_value = lambda value: _is_uuid(value)  # type: ignore[attr-defined]
+
+    def clean_ids(self) -> list[uuid.UUID]:
+        ids: list[uuid.UUID] = self.cleaned_data["ids"]
+        _limit(limits.check_id_batch)(ids)  # REST's batch rule, before the confirmation page
+        return ids
 
 
 def _is_uuid(value: str) -> bool:

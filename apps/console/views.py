@@ -23,7 +23,6 @@ from apps.console.roles import can_act, can_view
 
 PREVIEW_BYTES = 4096
 CHART_MINUTES = 180
-BULK_LIMIT = 500
 
 
 def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -74,12 +73,14 @@ def delayed_list(request: HttpRequest) -> HttpResponse:
 @viewer_required
 def transaction_list(request: HttpRequest) -> HttpResponse:
     form = TransactionFilterForm(request.GET or None)
-    filters = (
-        {k: v for k, v in form.cleaned_data.items() if v not in ("", None)}
-        if form.is_valid()
-        else {}
-    )
-    page = Paginator(selectors.transaction_search(**filters), 50).get_page(request.GET.get("page"))
+    # A filter that cannot be read lists nothing, never everything; the form shows its error.
+    found: Any = []
+    if not form.is_bound or form.is_valid():
+        filters = form.cleaned_data if form.is_bound else {}
+        found = selectors.transaction_search(
+            **{k: v for k, v in filters.items() if v not in ("", None)}
+        )
+    page = Paginator(found, 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(
@@ -171,9 +172,13 @@ def transaction_bulk_action(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("Only txhub operators can act on transactions.")
     chosen = BulkActionForm(request.POST)
     if not chosen.is_valid():
-        messages.warning(request, "Tick at least one transaction, then choose an action.")
+        ticked = bool(request.POST.getlist("ids"))
+        problem = " ".join(str(e) for e in chosen.errors.get("ids", [])) if ticked else ""
+        messages.warning(
+            request, problem or "Tick at least one transaction, then choose an action."
+        )
         return redirect("console:transactions")
-    ids: list[uuid.UUID] = chosen.cleaned_data["ids"][:BULK_LIMIT]
+    ids: list[uuid.UUID] = chosen.cleaned_data["ids"]
     action: str = chosen.cleaned_data["action"]
     form = ConfirmedReasonForm(request.POST if "reason" in request.POST else None)
     if not form.is_valid():

@@ -260,9 +260,10 @@ class ResolveBatchIn(StrictSerializer):
     reason = _text(required=False, allow_blank=True, max_length=limits.MAX_REASON_CHARS)
 
     def validate_transaction_ids(self, value: list[Any]) -> list[Any]:
-        if len(set(value)) != len(value):
-            raise serializers.ValidationError("Each transaction id may appear once in a batch.")
-        return value
+        try:
+            return limits.check_id_batch(value)
+        except limits.LimitError as error:
+            raise serializers.ValidationError(str(error)) from None
 
 
 class ReasonIn(StrictSerializer):
@@ -333,7 +334,7 @@ class TokenIn(StrictSerializer):
 
     def validate_scopes(self, value: list[str]) -> list[str]:
         try:
-            return [limits.check_scope(scope) for scope in value]
+            return limits.check_scopes(value)
         except limits.LimitError as error:
             raise serializers.ValidationError(str(error)) from None
 

@@ -4,9 +4,10 @@ user name and a required reason recorded in the op record, in the same database 
 import uuid
 from dataclasses import dataclass
 
+from apps.broker import limits
 from apps.broker.models import Resolver
 from apps.broker.services import transactions
-from apps.broker.services.errors import Conflict, invalid
+from apps.broker.services.errors import BrokerError, invalid
 from apps.broker.services.transactions import Actor
 
 ACTIONS = ("commit", "rollback", "resume")
@@ -34,7 +35,7 @@ def operator_act(
             return ActionResult(True, "Resumed: check-back will ask the producer again.")
         resolve = RESOLVERS[action]
         outcome = resolve(transaction_id=transaction_id, actor=actor, reason=reason)
-    except Conflict as error:
+    except BrokerError as error:  # one transaction's outcome (gone, resolved meanwhile): said
         return ActionResult(False, f"Nothing done: {error.message}")
     state = outcome.half.state
     if not outcome.changed:
@@ -45,8 +46,14 @@ def operator_act(
 def operator_act_many(
     *, transaction_ids: list[uuid.UUID], action: str, username: str, reason: str
 ) -> list[ActionResult]:
-    """The console's bulk action: each transaction decided on its own (its own row lock and
-    database transaction), so one resolved meanwhile is reported and the rest still go ahead."""
+    """The console's and the admin's bulk action: the batch checked as a whole first, as REST's
+    :commit and :rollback check theirs; then each transaction decided on its own (its own row
+    lock and database transaction), so one resolved or gone meanwhile is reported and the rest
+    still go ahead."""
+    try:
+        limits.check_id_batch(transaction_ids)
+    except limits.LimitError as error:
+        raise invalid("ids", str(error)) from None
     return [
         operator_act(transaction_id=transaction_id, action=action, username=username, reason=reason)
         for transaction_id in transaction_ids

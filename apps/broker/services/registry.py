@@ -192,6 +192,10 @@ def consumer_group_bind_topics(
 @transaction.atomic  # the token and its audit record are stored together or not at all
 def token_create(*, name: str, scopes: list[str], origin: Origin = SYSTEM) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
+    try:  # the scope rules hold at every door that makes a token: REST, console, commands
+        scopes = limits.check_scopes(scopes)
+    except limits.LimitError as error:
+        raise invalid("scopes", str(error)) from None
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         name=name,

@@ -328,3 +328,21 @@ def test_the_barrier_check_waits_for_a_running_local_transaction_on_postgres(
     local.commit()
     local.close()
     checker_conn.close()
+
+
+def test_a_text_body_of_4_mib_in_any_script_is_sent_whole(shop: dict[str, Any]) -> None:
+    """The contract's 4 MiB is the decoded body; the SDK sends text as UTF-8, not as \\u escapes
+    that would take it past the request's 8 MiB cap on the wire."""
+    producer = Producer(shop["url"], shop["token"], "shop")
+    widest = "中" * (4 * 1024 * 1024 // 3)  # 3 bytes each in UTF-8, 6 as a \\u escape
+    sent = producer.send(Message("orders", widest))
+    got = requests.get(
+        f"{shop['url']}/api/v1/messages/{sent.msg_id}",
+        headers={"Authorization": f"Bearer {shop['token']}"},
+        timeout=30,
+    )
+    assert expect(got, 200)["body"] == widest
+    # Positive control: one byte over the decoded limit is still refused.
+    with pytest.raises(TxhubError) as refused:
+        producer.send(Message("orders", widest + "a" * (4 * 1024 * 1024 - len(widest) * 3 + 1)))
+    assert refused.value.status == 413

@@ -128,6 +128,7 @@ def _synchronous_parts(
 ) -> tuple[float, float, float]:
     """(send, ack, receive of BATCH) ms of this thread's CPU per call, as the hop runs them. The
     requests and their signed metadata are made before the clock runs: they are the client's."""
+    from apps.broker.grpc import producers
     from apps.broker.grpc.consumers import _first_try, answers_of
     from apps.broker.grpc.protocol import Code
     from apps.broker.grpc.resources import counted_caller
@@ -149,7 +150,7 @@ def _synchronous_parts(
         answer.SerializeToString()
 
     def send(request: Wire) -> None:
-        answered(hop(door._send, request), "SendMessage")
+        answered(hop(producers.send, request), "SendMessage")
 
     handles: list[tuple[str, str]] = []
 

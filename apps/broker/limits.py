@@ -187,11 +187,22 @@ def check_body_size(body: bytes) -> bytes:
     return body
 
 
+def max_keys() -> int:
+    """The most keys a message may have: each is at least one byte (check_keys: not blank), so
+    more than TXHUB_MAX_META_BYTES of them can never fit; counted before they are read."""
+    limit: int = settings.TXHUB_MAX_META_BYTES
+    return limit
+
+
 def check_meta(*, tags: str, keys: list[str], properties: dict[str, str]) -> None:
+    """The sizes of keys, tag and properties: counts first, then bytes (their contents:
+    check_keys, check_properties)."""
     if len(properties) > settings.TXHUB_MAX_PROPERTIES:
         raise LimitError(
             f"At most {settings.TXHUB_MAX_PROPERTIES} properties are accepted.", field="properties"
         )
+    if len(keys) > max_keys():
+        raise LimitError(f"At most {max_keys()} keys are accepted.", field="keys")
     keys_size = sum(len(k.encode()) for k in keys)
     properties_size = sum(len(k.encode()) + len(v.encode()) for k, v in properties.items())
     size = len(tags.encode()) + keys_size + properties_size
@@ -202,6 +213,46 @@ def check_meta(*, tags: str, keys: list[str], properties: dict[str, str]) -> Non
             # The tag is short (check_tag), so keys or properties are what is too large.
             field="properties" if properties_size >= keys_size else "keys",
         )
+
+
+def check_keys(keys: list[str]) -> list[str]:
+    """A message's keys: each storable (check_text) and not blank, as RocketMQ's proxy refuses a
+    blank key. After check_meta, which bounds how many there are."""
+    for key in keys:
+        try:
+            check_text(key)
+        except LimitError as error:
+            raise LimitError(f"A key: {error}", field="keys") from None
+        if not key.strip():
+            raise LimitError("A key must not be blank.", field="keys")
+    return keys
+
+
+def check_properties(properties: dict[str, str]) -> dict[str, str]:
+    """A message's properties: every name not empty, names and values storable (check_text).
+    After check_meta, which bounds how many there are."""
+    for name, value in properties.items():
+        try:
+            check_text(name)
+            check_text(value)
+        except LimitError as error:
+            raise LimitError(f"A property: {error}", field="properties") from None
+        if not name:
+            raise LimitError("A property name must not be empty.", field="properties")
+    return properties
+
+
+def check_batch_bytes(total: int) -> int:
+    """A batch's bodies add up to at most TXHUB_MAX_BATCH_BYTES (CONTRACT section 6: 4 MiB in
+    all), whichever door it came through."""
+    limit: int = settings.TXHUB_MAX_BATCH_BYTES
+    if total > limit:
+        raise LimitError(
+            f"The batch's bodies add up to {total} bytes; at most {limit} are accepted in one "
+            "batch.",
+            too_large=True,
+        )
+    return total
 
 
 def parse_tag_expression(expression: str) -> frozenset[str] | None:

@@ -91,7 +91,7 @@ class MessageIn(StrictSerializer):
     keys = StrictListField(
         child=_text(pattern=limits.KEY_SCHEMA_PATTERN),
         required=False,
-        max_length=settings.TXHUB_MAX_META_BYTES,
+        max_length=limits.max_keys(),
     )
     properties = StrictDictField(
         child=_text(allow_blank=True),
@@ -155,12 +155,11 @@ class MessageIn(StrictSerializer):
                 limits.check_message_group(attrs["message_group"])
         except limits.LimitError as error:
             raise serializers.ValidationError({"message_group": [str(error)]}) from None
-        if any(not key.strip() for key in attrs.get("keys", [])):
-            raise serializers.ValidationError({"keys": ["A key must not be blank."]})
-        if any(not name for name in attrs.get("properties", {})):
-            raise serializers.ValidationError(
-                {"properties": ["A property name must not be empty."]}
-            )
+        try:
+            limits.check_keys(attrs.get("keys", []))
+            limits.check_properties(attrs.get("properties", {}))
+        except limits.LimitError as error:
+            raise serializers.ValidationError({error.field: [str(error)]}) from None
         attrs["message"] = OutgoingMessage(
             producer_group=attrs["producer_group"],
             body=body,
@@ -216,12 +215,10 @@ class BatchTransactionIn(BatchMessageIn):
 
 def _batch_size_checked(attrs: dict[str, Any]) -> dict[str, Any]:
     """The batch's bodies within TXHUB_MAX_BATCH_BYTES, each message given the batch's group."""
-    total = sum(len(item["message"].body) for item in attrs["messages"])
-    if total > settings.TXHUB_MAX_BATCH_BYTES:
-        raise PayloadTooLarge(
-            f"The batch's bodies add up to {total} bytes; at most "
-            f"{settings.TXHUB_MAX_BATCH_BYTES} are accepted in one batch."
-        )
+    try:
+        limits.check_batch_bytes(sum(len(item["message"].body) for item in attrs["messages"]))
+    except limits.LimitError as error:
+        raise PayloadTooLarge(str(error)) from None
     group = attrs["producer_group"]
     for item in attrs["messages"]:
         item["message"] = replace(item["message"], producer_group=group)

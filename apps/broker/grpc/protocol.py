@@ -69,8 +69,21 @@ def timestamp(moment: datetime) -> Any:
     return stamp
 
 
+# What a google.protobuf.Timestamp may hold (timestamp.proto): 0001-01-01T00:00:00Z to
+# 9999-12-31T23:59:59.999999999Z, nanos 0..999,999,999; exactly what a datetime holds, too.
+_TIMESTAMP_SECONDS = range(-62135596800, 253402300800)
+_TIMESTAMP_NANOS = range(1_000_000_000)
+
+
 def to_datetime(stamp: Any) -> datetime:
-    return datetime.fromtimestamp(stamp.seconds + stamp.nanos / 1e9, tz=UTC)
+    """A client's Timestamp as an aware datetime (to the microsecond); one outside the
+    Timestamp's own range is a LimitError, the input's fault, never an error of ours."""
+    if stamp.seconds not in _TIMESTAMP_SECONDS or stamp.nanos not in _TIMESTAMP_NANOS:
+        raise limits.LimitError(
+            "A timestamp lies within 0001-01-01 and 9999-12-31, with 0..999,999,999 nanos."
+        )
+    moment = datetime.fromtimestamp(stamp.seconds, tz=UTC)
+    return moment.replace(microsecond=stamp.nanos // 1000)
 
 
 def message_of(

@@ -3,28 +3,14 @@
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
-from django.utils import timezone
-
-from apps.broker import access, limits, selectors
-from apps.broker.grpc import streams
+from apps.broker.grpc import producers, streams
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, unary
 from apps.broker.grpc.consumers import ConsumerRpcs
-from apps.broker.grpc.protocol import (
-    Code,
-    Refusal,
-    limit_refusal,
-    pb,
-    refusal_of,
-    rpc,
-    rpc_grpc,
-    status,
-    to_datetime,
-)
-from apps.broker.grpc.recall import RecallRpcs, handle_of
+from apps.broker.grpc.protocol import Code, Refusal, pb, rpc, rpc_grpc, status
+from apps.broker.grpc.recall import RecallRpcs
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
     as_caller,
@@ -35,14 +21,7 @@ from apps.broker.grpc.resources import (
 )
 from apps.broker.grpc.unsupported import UnsupportedRpcs
 from apps.broker.models import Resolver
-from apps.broker.services import (
-    checkback_stream,
-    clients,
-    delivery,
-    sending,
-    transactions,
-)
-from apps.broker.services.errors import BrokerError
+from apps.broker.services import checkback_stream, clients, transactions
 from apps.broker.services.transactions import Actor
 
 
@@ -68,8 +47,8 @@ class MessagingService(
     UnsupportedRpcs,
     rpc_grpc.MessagingServiceServicer,  # type: ignore[misc]
 ):
-    """Routes, liveness and producers here; consumers in consumers.py; recall in recall.py;
-    what txhub does not serve in unsupported.py."""
+    """Routes, liveness and EndTransaction here; SendMessage in producers.py; consumers in
+    consumers.py; recall in recall.py; what txhub does not serve in unsupported.py."""
 
     def __init__(self, *, process: str) -> None:
         self.process = process
@@ -125,155 +104,7 @@ class MessagingService(
 
     @unary(rpc.SendMessageResponse, not_found=Code.TOPIC_NOT_FOUND)
     async def SendMessage(self, request: Any, context: Any) -> Any:
-        return await as_caller(context, self._send, request)
-
-    def _send(self, caller: Caller, request: Any) -> Any:
-        group = caller.principal.only_group("produce")
-        try:
-            limits.check_count(
-                len(request.messages), most=limits.MAX_BATCH_MESSAGES, what="messages"
-            )
-        except limits.LimitError as error:
-            raise Refusal(Code.BAD_REQUEST, str(error)) from None
-        entries = []
-        for message in request.messages:
-            try:
-                entries.append(self._send_one(caller, group, message))
-            except Refusal as refused:
-                entries.append(rpc.SendResultEntry(status=status(refused.code, refused.message)))
-            except BrokerError as error:
-                mapped = refusal_of(error, not_found=Code.TOPIC_NOT_FOUND)
-                entries.append(rpc.SendResultEntry(status=status(mapped.code, mapped.message)))
-        first = entries[0].status
-        ok = all(entry.status.code == Code.OK for entry in entries)
-        overall = (
-            first if len(entries) == 1 or ok else status(Code.MULTIPLE_RESULTS, "See entries.")
-        )
-        return rpc.SendMessageResponse(status=overall, entries=entries)
-
-    def _send_one(self, caller: Caller, group: str, message: Any) -> Any:
-        """Every limit first (CONTRACT section 3), then one service call."""
-        system = message.system_properties
-        if system.HasField("lite_topic") and system.lite_topic:
-            raise Refusal(Code.UNSUPPORTED, "Lite topics are not supported.")
-        if system.HasField("priority"):
-            raise Refusal(Code.UNSUPPORTED, "Priority messages are not supported.")
-        if system.body_encoding == pb.GZIP:
-            raise Refusal(Code.UNSUPPORTED, "Compressed (GZIP) bodies are not supported.")
-        outgoing = self._outgoing(group, message)
-        msg_id = system.message_id
-        try:
-            limits.check_msg_id(msg_id)
-        except limits.LimitError as error:
-            raise Refusal(Code.ILLEGAL_MESSAGE_ID, str(error)) from None
-        is_transaction = system.message_type == pb.TRANSACTION
-        deliver_at: datetime | None = None
-        if system.HasField("delivery_timestamp"):
-            if is_transaction:
-                raise Refusal(
-                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                    "A transactional message has no delivery time.",
-                )
-            try:
-                deliver_at = delivery.delivery_time(
-                    message=outgoing,
-                    delay_level=None,
-                    deliver_at=to_datetime(system.delivery_timestamp),
-                    start=timezone.now(),
-                )
-            except BrokerError as error:
-                # A message group with a delivery time: RocketMQ's proxy calls the message DELAY
-                # and refuses its type (docs/decisions/0056).
-                code = (
-                    Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
-                    if "message_group" in error.details
-                    else Code.ILLEGAL_DELIVERY_TIME
-                )
-                raise Refusal(code, error.message) from None
-        access.topic_allowed(
-            kind="produce",
-            group=group,
-            topic=message.topic.name,
-            epoch=caller.principal.config_epoch,
-        )
-        epoch = caller.principal.config_epoch
-        topic = topic_of(message.topic.name, epoch)
-        producer_group = selectors.producer_group_get(name=group, epoch=epoch)
-        if is_transaction:
-            half = transactions.transaction_prepare(
-                producer_group=producer_group,
-                topic=topic,
-                message=outgoing,
-                actor=Actor(Resolver.PRODUCER, caller.principal.name),
-                msg_id=msg_id,
-            )
-            return rpc.SendResultEntry(
-                status=status(),
-                message_id=half.msg_id,
-                transaction_id=str(half.transaction_id),
-            )
-        sent = sending.message_send(
-            topic=topic, message=outgoing, deliver_at=deliver_at, msg_id=msg_id
-        )
-        entry = rpc.SendResultEntry(status=status(), message_id=sent.msg_id)
-        if sent.queue_offset is None:  # delayed: recallable until delivered (decision 0055)
-            entry.recall_handle = handle_of(
-                topic=topic.name, deliver_at=sent.deliver_at, msg_id=sent.msg_id
-            )
-        else:
-            entry.offset = sent.queue_offset
-        return entry
-
-    @staticmethod
-    def _outgoing(group: str, message: Any) -> sending.OutgoingMessage:
-        body = bytes(message.body)
-        system = message.system_properties
-        try:
-            limits.check_body_size(body)
-        except limits.LimitError as error:
-            code = Code.MESSAGE_BODY_TOO_LARGE if error.too_large else Code.MESSAGE_BODY_EMPTY
-            raise Refusal(code, str(error)) from None
-        tag = system.tag if system.HasField("tag") else ""
-        try:
-            if tag:
-                limits.check_tag(limits.check_text(tag))
-        except limits.LimitError as error:
-            raise Refusal(Code.ILLEGAL_MESSAGE_TAG, str(error)) from None
-        message_group = system.message_group if system.HasField("message_group") else ""
-        try:
-            if message_group:
-                limits.check_message_group(message_group)
-        except limits.LimitError as error:
-            raise Refusal(Code.ILLEGAL_MESSAGE_GROUP, str(error)) from None
-        keys = list(system.keys)
-        properties = dict(message.user_properties)
-        try:
-            for text in [*keys, *properties.values()]:
-                limits.check_text(text)
-            for key in properties:
-                limits.check_text(key)
-        except limits.LimitError as error:
-            raise Refusal(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, str(error)) from None
-        try:
-            limits.check_meta(tags=tag, keys=keys, properties=properties)
-        except limits.LimitError as error:
-            raise limit_refusal(error, code=Code.MESSAGE_PROPERTIES_TOO_LARGE) from None
-        # The REST door answers a body in the field it was sent with: UTF-8 text that Postgres
-        # text can hold as `body`, anything else as `body_base64`.
-        try:
-            limits.check_text(body.decode())
-            binary = False
-        except (UnicodeDecodeError, limits.LimitError):
-            binary = True
-        return sending.OutgoingMessage(
-            producer_group=group,
-            body=body,
-            body_is_binary=binary,
-            tags=tag,
-            keys=keys,
-            properties=properties,
-            message_group=message_group,
-        )
+        return await as_caller(context, producers.send, request)
 
     @unary(rpc.EndTransactionResponse, not_found=Code.INVALID_TRANSACTION_ID)
     async def EndTransaction(self, request: Any, context: Any) -> Any:

@@ -122,8 +122,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "apps.console.unavailable.DatabaseUnavailableMiddleware",  # a banner, not a 500, if no DB
-    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
-    "axes.middleware.AxesMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: a lockout's 429
 ]
 
 ROOT_URLCONF = "txhub.urls"

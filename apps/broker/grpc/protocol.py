@@ -8,7 +8,6 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -16,7 +15,14 @@ from rocketmq.grpc_protocol import service_pb2_grpc as rpc_grpc
 
 from apps.broker import limits
 from apps.broker.models import CommitLogEntry, HalfMessage
-from apps.broker.services.errors import BrokerError, Conflict, Forbidden, NotFound, Unavailable
+from apps.broker.services.errors import (
+    BrokerError,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Unavailable,
+    database_unreachable,
+)
 
 Code = pb.Code
 __all__ = ["Code", "Refusal", "pb", "rpc", "rpc_grpc"]
@@ -36,6 +42,12 @@ def status(code: int = Code.OK, message: str = "OK") -> Any:
 
 
 UNAVAILABLE = "The database is unavailable; try again."
+
+
+class Unreachable(Exception):
+    """The database could not be reached (raised by calls.db, which alone sees the connection
+    the error left behind); answered HA_NOT_AVAILABLE by unavailable_refusal. Not a service's
+    BrokerError, so no handler of a service's refusals takes it for one."""
 
 
 def refusal_of(error: BrokerError, *, not_found: int = Code.NOT_FOUND) -> Refusal:
@@ -132,7 +144,7 @@ def unavailable_refusal(error: Exception) -> Refusal | None:
     """The answer to the database being unreachable (no primary during a failover, Postgres
     down): HA_NOT_AVAILABLE, RocketMQ's unavailable-class code, which its clients retry, as the
     REST door answers 503 `unavailable` (CONTRACT 7, docs/decisions/0042). None for any other
-    error."""
-    if isinstance(error, OperationalError | InterfaceError):
+    error, a failed query included: a client would retry it forever."""
+    if isinstance(error, Unreachable) or database_unreachable(error):
         return Refusal(Code.HA_NOT_AVAILABLE, UNAVAILABLE)
     return None

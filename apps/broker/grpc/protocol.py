@@ -67,8 +67,41 @@ def limit_refusal(error: limits.LimitError, *, code: int = Code.BAD_REQUEST) -> 
     return Refusal(Code.MESSAGE_BODY_TOO_LARGE if error.too_large else code, str(error))
 
 
-def duration_seconds(value: Any) -> float:
-    return float(value.seconds) + float(value.nanos) / 1e9
+# What a client says about itself that services/clients.py refused, by the field at fault.
+_CLIENT_CODES = {"client_type": Code.UNRECOGNIZED_CLIENT_TYPE, "topics": Code.ILLEGAL_TOPIC}
+
+
+def client_refusal(error: limits.LimitError) -> Refusal:
+    """The protocol code for a client row refused (limits.check_client_id, check_client): no
+    client id is CLIENT_ID_REQUIRED, as RocketMQ's proxy answers."""
+    if isinstance(error, limits.MissingValue) and error.field == "client_id":
+        return Refusal(Code.CLIENT_ID_REQUIRED, str(error))
+    return Refusal(_CLIENT_CODES.get(error.field, Code.BAD_REQUEST), str(error))
+
+
+def enum_name(enum: Any, value: int, *, code: int, what: str) -> str:
+    """The name of a protocol enum's value; one this protocol version does not name is refused
+    with `code`."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        raise Refusal(code, f"Unknown {what} {value}.") from None
+
+
+# A Duration's nanos, as protobuf defines them: |nanos| < 1 s, with the sign of its seconds.
+MAX_NANOS = 999_999_999
+
+
+def duration_seconds(value: Any, *, code: int = Code.BAD_REQUEST) -> float:
+    """A Duration in seconds; one that protobuf calls invalid (nanos out of range, or of the
+    other sign than the seconds) is refused with `code`, never read as another length."""
+    seconds, nanos = value.seconds, value.nanos
+    if abs(nanos) > MAX_NANOS or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        raise Refusal(
+            code,
+            f"A Duration's nanos must be within ±{MAX_NANOS} and of the sign of its seconds.",
+        )
+    return float(seconds) + float(nanos) / 1e9
 
 
 def duration(seconds: float) -> Any:

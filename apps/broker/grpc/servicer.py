@@ -16,6 +16,8 @@ from apps.broker.grpc.consumers import ConsumerRpcs
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
+    client_refusal,
+    enum_name,
     limit_refusal,
     pb,
     refusal_of,
@@ -53,12 +55,18 @@ def _heartbeat(caller: Caller, request: Any) -> Any:
     elif request.HasField("group") and request.group.name:
         group = request.group.name
         consumer_group_of(caller, group)
-    clients.client_seen(
-        client_id=caller.client_id,
-        token_id=caller.principal.token_id,
-        client_type=pb.ClientType.Name(request.client_type),
-        group=group,
+    client_type = enum_name(
+        pb.ClientType, request.client_type, code=Code.UNRECOGNIZED_CLIENT_TYPE, what="client type"
     )
+    try:
+        clients.client_seen(
+            client_id=caller.client_id,
+            token_id=caller.principal.token_id,
+            client_type=client_type,
+            group=group,
+        )
+    except limits.LimitError as error:
+        raise client_refusal(error) from None
     return rpc.HeartbeatResponse(status=status())
 
 
@@ -103,11 +111,14 @@ class MessagingService(
     @unary(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        await db(
-            clients.client_terminated,
-            client_id=caller.client_id,
-            token_id=caller.principal.token_id,
-        )
+        try:
+            await db(
+                clients.client_terminated,
+                client_id=caller.client_id,
+                token_id=caller.principal.token_id,
+            )
+        except limits.LimitError as error:
+            raise client_refusal(error) from None
         return rpc.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:

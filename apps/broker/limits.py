@@ -320,3 +320,92 @@ def check_count(count: int, *, most: int, what: str) -> int:
     if not 1 <= count <= most:
         raise LimitError(f"Send 1 to {most} {what} per request.")
     return count
+
+
+def check_tag_expression(value: str) -> frozenset[str] | None:
+    """A consumer's tag filter, at every door: its length first (a filter of tens of thousands of
+    tags would become that many query parameters, past what Postgres takes), then what it
+    says (parse_tag_expression)."""
+    if len(value) > MAX_TAG_EXPRESSION_CHARS:
+        raise LimitError(f"A tag expression has at most {MAX_TAG_EXPRESSION_CHARS} characters.")
+    return parse_tag_expression(check_text(value))
+
+
+def check_receive_count(count: int) -> int:
+    """Messages asked for in one receive: 1..MAX_RECEIVE_MESSAGES (CONTRACT section 3), refused
+    outside it, never clamped."""
+    if not 1 <= count <= MAX_RECEIVE_MESSAGES:
+        raise LimitError(f"Receive 1 to {MAX_RECEIVE_MESSAGES} messages per call.")
+    return count
+
+
+# A RocketMQ client (services/clients.py): the widths of its row's columns (models.GrpcClient),
+# the client types the protocol names, and at most as many topics as a group may be bound to.
+MAX_CLIENT_ID_CHARS = 255
+MAX_CLIENT_HOSTNAME_CHARS = 255
+MAX_CLIENT_VERSION_CHARS = 64
+MAX_CLIENT_LANGUAGE_CHARS = 32
+CLIENT_TYPES = frozenset(
+    {
+        "PRODUCER",
+        "PUSH_CONSUMER",
+        "SIMPLE_CONSUMER",
+        "PULL_CONSUMER",
+        "LITE_PUSH_CONSUMER",
+        "LITE_SIMPLE_CONSUMER",
+    }
+)
+
+
+class MissingValue(LimitError):
+    """A value that is required was not given (blank); `field` names it."""
+
+
+def check_client_id(value: str) -> str:
+    """A client id: not blank (a blank one would be one id shared by every client that sends
+    none), at most the column's width (never cut: two long ids sharing a prefix would become one
+    client), nothing Postgres cannot store."""
+    if not value.strip():
+        raise MissingValue("A client id (x-mq-client-id) is required.", field="client_id")
+    if len(value) > MAX_CLIENT_ID_CHARS:
+        raise LimitError(
+            f"A client id has at most {MAX_CLIENT_ID_CHARS} characters.", field="client_id"
+        )
+    try:
+        return check_text(value)
+    except LimitError as error:
+        raise LimitError(str(error), field="client_id") from None
+
+
+def check_client_topics(topics: list[str]) -> list[str]:
+    """The topics a client says it publishes or subscribes to: how many first, then each name."""
+    if len(topics) > MAX_BOUND_TOPICS:
+        raise LimitError(f"A client names at most {MAX_BOUND_TOPICS} topics.", field="topics")
+    try:
+        for topic in topics:
+            check_name(topic, what="A topic")
+    except LimitError as error:
+        raise LimitError(str(error), field="topics") from None
+    return topics
+
+
+def check_client(
+    *, client_type: str, topics: list[str], language: str, version: str, hostname: str
+) -> None:
+    """What a client says about itself (Telemetry settings, heartbeats), before it is stored:
+    a known client type, its topics, and texts that fit their columns."""
+    if client_type not in CLIENT_TYPES:
+        raise LimitError(f"Unknown client type {client_type!r}.", field="client_type")
+    check_client_topics(topics)
+    bounded = (
+        ("language", language, MAX_CLIENT_LANGUAGE_CHARS),
+        ("version", version, MAX_CLIENT_VERSION_CHARS),
+        ("hostname", hostname, MAX_CLIENT_HOSTNAME_CHARS),
+    )
+    for field, value, most in bounded:
+        if len(value) > most:
+            raise LimitError(f"A client's {field} has at most {most} characters.", field=field)
+        try:
+            check_text(value)
+        except LimitError as error:
+            raise LimitError(f"A client's {field}: {error}", field=field) from None

@@ -33,16 +33,18 @@ def test_a_client_that_never_reads_is_disconnected(
     bounded_server: GrpcServer, rocketmq_setup: Any
 ) -> None:
     setup = rocketmq_setup("-deaf")
-    # Each settings reply echoes the client's settings: close to 1 MiB of topic names makes every
-    # reply bigger than what HTTP/2 flow control lets through to a client that does not read.
-    topics = [f"t{i:05d}" + "x" * 250 for i in range(3500)]
+    # Each settings reply echoes the client's settings: the most topics a client may name, each
+    # as long as a name may be (limits.check_client_topics), make a reply of about 128 KiB; 150
+    # of them (19 MiB) are more than HTTP/2 flow control and the sockets' buffers let through to
+    # a client that does not read.
+    topics = [f"t{i:04d}" + "x" * 122 for i in range(1000)]
     with grpc.insecure_channel(bounded_server.endpoint) as channel:
         stream = Telemetry.unread(
             MessagingServiceStub(channel), signed(bounded_server, setup, CLIENT_ID)
         )
         try:
             assert wait_until(lambda: held(CLIENT_ID), timeout=WAIT)  # the stream is open
-            for _ in range(OUTBOX + 14):
+            for _ in range(150):
                 stream.send_settings(topics)
             ended = wait_until(lambda: not held(CLIENT_ID), timeout=WAIT)
         finally:

@@ -362,7 +362,7 @@ class ReceiveIn(StrictSerializer):
 
     def validate_tag_expression(self, value: str) -> frozenset[str] | None:
         try:
-            return limits.parse_tag_expression(value)
+            return limits.check_tag_expression(value)
         except limits.LimitError as error:
             raise serializers.ValidationError(str(error)) from None
 

@@ -74,7 +74,9 @@ def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
         )
     caller = Caller(
         principal=principal,
-        client_id=metadata.get("x-mq-client-id", "")[:255],
+        # Never cut: a client id too long for its row is refused where rows are written
+        # (services/clients.client_claim), not merged with another that shares its prefix.
+        client_id=metadata.get("x-mq-client-id", ""),
         language=metadata.get("x-mq-language", "")[:32],
         version=metadata.get("x-mq-client-version", "")[:64],
     )

@@ -6,12 +6,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 
 from apps.broker import limits, waiting, wakeups
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
+    Unreachable,
     limit_refusal,
     refusal_of,
     status,
@@ -19,7 +20,7 @@ from apps.broker.grpc.protocol import (
 )
 from apps.broker.services import consuming
 from apps.broker.services.consuming import Received, WaitPlan
-from apps.broker.services.errors import BrokerError
+from apps.broker.services.errors import BrokerError, database_unreachable
 
 log = logging.getLogger("txhub.grpc")
 T = TypeVar("T")
@@ -29,7 +30,17 @@ def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, An
     # What Django's request_started/finished do for a web request: a connection past its
     # CONN_MAX_AGE or broken (Postgres restarted) is replaced before it is used.
     close_old_connections()
-    return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except DatabaseError as error:
+        # Only here is the thread's connection known: an error that left it closed or broken is
+        # the database being unreachable (HA_NOT_AVAILABLE, which clients retry); any other is
+        # this call's own (docs/decisions/0042).
+        raw = connection.connection
+        lost = raw is None or raw.closed or raw.broken
+        if database_unreachable(error, connection_lost=lost):
+            raise Unreachable(str(error)) from error
+        raise
 
 
 async def db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -130,7 +130,7 @@ class ConsumerRpcs:
         """Also a PushConsumer's nack: the client asks for its backoff's next delay."""
         caller = await authenticate(context)
         group = await db(consumer_group_of, caller, request.group.name)
-        seconds = duration_seconds(request.invisible_duration)
+        seconds = duration_seconds(request.invisible_duration, code=Code.ILLEGAL_INVISIBLE_TIME)
         if not 0 <= seconds <= limits.MAX_INVISIBLE_SECONDS:
             raise Refusal(
                 Code.ILLEGAL_INVISIBLE_TIME,
@@ -196,19 +196,23 @@ def _first_try(
     invisible: float = limits.DEFAULT_INVISIBLE_SECONDS
     low, high = limits.MIN_INVISIBLE_SECONDS, limits.MAX_INVISIBLE_SECONDS
     if request.HasField("invisible_duration"):
-        invisible = duration_seconds(request.invisible_duration)
+        invisible = duration_seconds(request.invisible_duration, code=Code.ILLEGAL_INVISIBLE_TIME)
         if not low <= invisible <= high:
             raise Refusal(
                 Code.ILLEGAL_INVISIBLE_TIME,
                 f"The invisible duration must be {low}..{high} s.",
             )
-    batch = max(
-        1, min(request.batch_size or limits.MAX_RECEIVE_MESSAGES, limits.MAX_RECEIVE_MESSAGES)
-    )
+    # proto3 cannot tell a batch size of 0 from none: 0 is unset, the most (as before);
+    # anything else outside 1..32 is refused, never clamped (CONTRACT section 3).
+    try:
+        batch = limits.check_receive_count(request.batch_size or limits.MAX_RECEIVE_MESSAGES)
+    except limits.LimitError as error:
+        raise Refusal(Code.BAD_REQUEST, str(error)) from None
     wait = 0.0
     if request.HasField("long_polling_timeout"):
+        # Clamped, as RocketMQ's proxy clamps it: a client asks for its own long poll.
         wait = min(
-            duration_seconds(request.long_polling_timeout),
+            duration_seconds(request.long_polling_timeout, code=Code.ILLEGAL_POLLING_TIME),
             settings.TXHUB_GRPC_LONG_POLL_MAX,
         )
     if remaining is not None:  # answer before the client's own deadline
@@ -233,7 +237,7 @@ def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:
     if expression.type == pb.SQL:
         raise Refusal(Code.UNSUPPORTED, "SQL92 filters are not supported: use tags.")
     try:
-        tags = limits.parse_tag_expression(limits.check_text(expression.expression or "*"))
+        tags = limits.check_tag_expression(expression.expression or "*")
     except limits.LimitError as error:
         raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
     topic_name = request.message_queue.topic.name

@@ -8,7 +8,6 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -16,7 +15,14 @@ from rocketmq.grpc_protocol import service_pb2_grpc as rpc_grpc
 
 from apps.broker import limits
 from apps.broker.models import CommitLogEntry, HalfMessage
-from apps.broker.services.errors import BrokerError, Conflict, Forbidden, NotFound, Unavailable
+from apps.broker.services.errors import (
+    BrokerError,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Unavailable,
+    database_unreachable,
+)
 
 Code = pb.Code
 __all__ = ["Code", "Refusal", "pb", "rpc", "rpc_grpc"]
@@ -38,6 +44,12 @@ def status(code: int = Code.OK, message: str = "OK") -> Any:
 UNAVAILABLE = "The database is unavailable; try again."
 
 
+class Unreachable(Exception):
+    """The database could not be reached (raised by calls.db, which alone sees the connection
+    the error left behind); answered HA_NOT_AVAILABLE by unavailable_refusal. Not a service's
+    BrokerError, so no handler of a service's refusals takes it for one."""
+
+
 def refusal_of(error: BrokerError, *, not_found: int = Code.NOT_FOUND) -> Refusal:
     """The protocol code for a service's error (the REST door maps the same errors to HTTP)."""
     if isinstance(error, Unavailable):
@@ -55,8 +67,41 @@ def limit_refusal(error: limits.LimitError, *, code: int = Code.BAD_REQUEST) -> 
     return Refusal(Code.MESSAGE_BODY_TOO_LARGE if error.too_large else code, str(error))
 
 
-def duration_seconds(value: Any) -> float:
-    return float(value.seconds) + float(value.nanos) / 1e9
+# What a client says about itself that services/clients.py refused, by the field at fault.
+_CLIENT_CODES = {"client_type": Code.UNRECOGNIZED_CLIENT_TYPE, "topics": Code.ILLEGAL_TOPIC}
+
+
+def client_refusal(error: limits.LimitError) -> Refusal:
+    """The protocol code for a client row refused (limits.check_client_id, check_client): no
+    client id is CLIENT_ID_REQUIRED, as RocketMQ's proxy answers."""
+    if isinstance(error, limits.MissingValue) and error.field == "client_id":
+        return Refusal(Code.CLIENT_ID_REQUIRED, str(error))
+    return Refusal(_CLIENT_CODES.get(error.field, Code.BAD_REQUEST), str(error))
+
+
+def enum_name(enum: Any, value: int, *, code: int, what: str) -> str:
+    """The name of a protocol enum's value; one this protocol version does not name is refused
+    with `code`."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        raise Refusal(code, f"Unknown {what} {value}.") from None
+
+
+# A Duration's nanos, as protobuf defines them: |nanos| < 1 s, with the sign of its seconds.
+MAX_NANOS = 999_999_999
+
+
+def duration_seconds(value: Any, *, code: int = Code.BAD_REQUEST) -> float:
+    """A Duration in seconds; one that protobuf calls invalid (nanos out of range, or of the
+    other sign than the seconds) is refused with `code`, never read as another length."""
+    seconds, nanos = value.seconds, value.nanos
+    if abs(nanos) > MAX_NANOS or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        raise Refusal(
+            code,
+            f"A Duration's nanos must be within ±{MAX_NANOS} and of the sign of its seconds.",
+        )
+    return float(seconds) + float(nanos) / 1e9
 
 
 def duration(seconds: float) -> Any:
@@ -145,7 +190,7 @@ def unavailable_refusal(error: Exception) -> Refusal | None:
     """The answer to the database being unreachable (no primary during a failover, Postgres
     down): HA_NOT_AVAILABLE, RocketMQ's unavailable-class code, which its clients retry, as the
     REST door answers 503 `unavailable` (CONTRACT 7, docs/decisions/0042). None for any other
-    error."""
-    if isinstance(error, OperationalError | InterfaceError):
+    error, a failed query included: a client would retry it forever."""
+    if isinstance(error, Unreachable) or database_unreachable(error):
         return Refusal(Code.HA_NOT_AVAILABLE, UNAVAILABLE)
     return None

@@ -5,11 +5,21 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from apps.broker import limits
 from apps.broker.grpc import producers, streams
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, unary
 from apps.broker.grpc.consumers import ConsumerRpcs
-from apps.broker.grpc.protocol import Code, Refusal, pb, rpc, rpc_grpc, status
+from apps.broker.grpc.protocol import (
+    Code,
+    Refusal,
+    client_refusal,
+    enum_name,
+    pb,
+    rpc,
+    rpc_grpc,
+    status,
+)
 from apps.broker.grpc.recall import RecallRpcs
 from apps.broker.grpc.resources import (
     ACCEPTED_TYPES,
@@ -32,12 +42,18 @@ def _heartbeat(caller: Caller, request: Any) -> Any:
     elif request.HasField("group") and request.group.name:
         group = request.group.name
         consumer_group_of(caller, group)
-    clients.client_seen(
-        client_id=caller.client_id,
-        token_id=caller.principal.token_id,
-        client_type=pb.ClientType.Name(request.client_type),
-        group=group,
+    client_type = enum_name(
+        pb.ClientType, request.client_type, code=Code.UNRECOGNIZED_CLIENT_TYPE, what="client type"
     )
+    try:
+        clients.client_seen(
+            client_id=caller.client_id,
+            token_id=caller.principal.token_id,
+            client_type=client_type,
+            group=group,
+        )
+    except limits.LimitError as error:
+        raise client_refusal(error) from None
     return rpc.HeartbeatResponse(status=status())
 
 
@@ -82,11 +98,14 @@ class MessagingService(
     @unary(rpc.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         caller = await authenticate(context)
-        await db(
-            clients.client_terminated,
-            client_id=caller.client_id,
-            token_id=caller.principal.token_id,
-        )
+        try:
+            await db(
+                clients.client_terminated,
+                client_id=caller.client_id,
+                token_id=caller.principal.token_id,
+            )
+        except limits.LimitError as error:
+            raise client_refusal(error) from None
         return rpc.NotifyClientTerminationResponse(status=status())
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:

@@ -15,9 +15,19 @@ from django.conf import settings
 from apps.broker import limits, wakeups
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
-from apps.broker.grpc.protocol import Code, Refusal, duration, pb, refusal_of, rpc, status
-from apps.broker.grpc.resources import count_call
-from apps.broker.models import ConsumerGroup
+from apps.broker.grpc.protocol import (
+    Code,
+    Refusal,
+    client_refusal,
+    duration,
+    enum_name,
+    pb,
+    refusal_of,
+    rpc,
+    status,
+    unavailable_refusal,
+)
+from apps.broker.grpc.resources import consumer_group_of, count_call
 from apps.broker.services import clients
 from apps.broker.services.errors import BrokerError
 
@@ -79,19 +89,19 @@ PRODUCER_ATTEMPTS = 3
 async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator[Any]:
     """One client's stream: replies to its settings, and whatever check-back queues for it."""
     client_id = caller.client_id
-    if not client_id:
-        yield rpc.TelemetryCommand(
-            status=status(Code.CLIENT_ID_REQUIRED, "The x-mq-client-id header is required.")
-        )
-        return
     try:
-        # The client id must be this token's (clients.client_claim): else refused, nothing held.
+        # The client id must be given and this token's (clients.client_claim): else refused
+        # (CLIENT_ID_REQUIRED when there is none), nothing held.
         await db(
             clients.client_stream_opened,
             client_id=client_id,
             token_id=caller.principal.token_id,
             process=process,
         )
+    except limits.LimitError as error:
+        refused = client_refusal(error)
+        yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
+        return
     except BrokerError as error:
         refused = refusal_of(error)
         yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
@@ -145,14 +155,24 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
 
 async def _on_settings(caller: Caller, received: Any) -> Any:
     """Remembers who the client is and answers the server's settings (the Node client does not
-    finish starting without this reply)."""
+    finish starting without this reply). Settings refused are answered with a status on the
+    stream, which stays open, and nothing of them is stored."""
+    refused: Refusal
     try:
         return await db(_settings_reply, caller, received)
     except Refusal as refusal:
-        return rpc.TelemetryCommand(status=status(refusal.code, refusal.message))
+        refused = refusal
+    except limits.LimitError as error:
+        refused = client_refusal(error)
     except BrokerError as error:
         refused = refusal_of(error)
-        return rpc.TelemetryCommand(status=status(refused.code, refused.message))
+    except Exception as error:
+        down = unavailable_refusal(error)
+        if down is None:
+            log.exception("telemetry settings of %s failed", caller.client_id)
+            down = Refusal(Code.INTERNAL_ERROR, "Internal error.")
+        refused = down
+    return rpc.TelemetryCommand(status=status(refused.code, refused.message))
 
 
 def _settings_reply(caller: Caller, received: Any) -> Any:
@@ -161,11 +181,16 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
     reply.CopyFrom(received)
     client_type = received.client_type
     agent = received.user_agent
+    language = caller.language
+    if agent.language:
+        language = enum_name(pb.Language, agent.language, code=Code.BAD_REQUEST, what="language")
     common = {
         "client_id": caller.client_id,
         "token_id": caller.principal.token_id,
-        "client_type": pb.ClientType.Name(client_type),
-        "language": pb.Language.Name(agent.language) if agent.language else caller.language,
+        "client_type": enum_name(
+            pb.ClientType, client_type, code=Code.UNRECOGNIZED_CLIENT_TYPE, what="client type"
+        ),
+        "language": language,
         "version": agent.version or caller.version,
         "hostname": agent.hostname,
     }
@@ -186,13 +211,11 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
     else:
         subscription = received.subscription
         group_name = subscription.group.name
-        caller.principal.require("consume", group_name)
-        consumer_group = ConsumerGroup.objects.filter(name=group_name).first()
-        if consumer_group is None:
-            raise Refusal(
-                Code.CONSUMER_GROUP_NOT_FOUND, f"Consumer group {group_name!r} does not exist."
-            )
+        consumer_group = consumer_group_of(caller, group_name)
         topics = [entry.topic.name for entry in subscription.subscriptions]
+        limits.check_client_topics(topics)  # how many before each filter is read
+        for entry in subscription.subscriptions:
+            _check_filter(entry.expression)
         clients.client_seen(**common, group=group_name, topics=topics)
         reply.backoff_policy.CopyFrom(
             pb.RetryPolicy(
@@ -213,6 +236,17 @@ def _settings_reply(caller: Caller, received: Any) -> Any:
         reply.subscription.long_polling_timeout.CopyFrom(duration(clamped))
     reply.metric.on = False
     return rpc.TelemetryCommand(status=status(), settings=reply)
+
+
+def _check_filter(expression: Any) -> None:
+    """A subscription's tag filter, as a receive checks it (limits.check_tag_expression); SQL92
+    filters are refused when a receive uses one (consumers.py)."""
+    if expression.type == pb.SQL:
+        return
+    try:
+        limits.check_tag_expression(expression.expression or "*")
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
 
 
 def stream_of(client_id: str) -> Stream | None:

@@ -4,19 +4,19 @@ Written when a client says who it is (Telemetry settings, heartbeats) and when i
 or closes; read by check-back (which process holds a producer's stream) and by the console.
 
 Two rules live here and nowhere else (docs/decisions/0034): a client id belongs to the token that
-first used it, and to its group (`client_claim`, called by every write of a client row); a check
+first used it, and to its group (`client_claim`, called by every write of a client row, which
+also refuses a blank or over-long id: limits.check_client_id); a check
 is sent on a stream only while the stream's token holds `produce:<group>` of the transaction
 (`stream_may_check`, read when the check is forwarded)."""
 
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.broker import access
+from apps.broker import access, limits
 from apps.broker.models import GrpcClient
 from apps.broker.services.errors import Forbidden
 
@@ -29,7 +29,9 @@ def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClien
     """The client's row, locked, once the caller is known to own the client id; call inside
     `transaction.atomic()`. A new id becomes the caller's. An id owned by another live token, or
     used for another group, is refused (Forbidden) and nothing changes. An id whose token was
-    revoked or deleted may be taken by a new one (its owner can call nothing any more)."""
+    revoked or deleted may be taken by a new one (its owner can call nothing any more). A blank
+    or over-long id is refused (limits.LimitError, field `client_id`) before anything is read."""
+    limits.check_client_id(client_id)
     for _ in range(2):
         # Lock: two tokens claiming the same new id at once; the second waits and sees the first.
         row = GrpcClient.objects.select_for_update().filter(client_id=client_id).first()
@@ -54,15 +56,38 @@ def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClien
     return row
 
 
-def client_seen(*, client_id: str, token_id: int, **fields: Any) -> GrpcClient:
-    """Creates or refreshes the client's row with what it said (settings, heartbeat)."""
-    values = {k: v for k, v in fields.items() if v not in (None, "")}
+def client_seen(
+    *,
+    client_id: str,
+    token_id: int,
+    client_type: str,
+    group: str = "",
+    topics: list[str] | None = None,
+    language: str = "",
+    version: str = "",
+    hostname: str = "",
+) -> GrpcClient:
+    """Creates or refreshes the client's row with what it said (settings, heartbeat), once all of
+    it passed limits.check_client (else limits.LimitError, nothing stored). A blank text (or topics
+    None) leaves what the row holds."""
+    limits.check_client(
+        client_type=client_type,
+        topics=topics or [],
+        language=language,
+        version=version,
+        hostname=hostname,
+    )
+    said = {"language": language, "version": version, "hostname": hostname}
     with transaction.atomic():
-        client = client_claim(
-            client_id=client_id, token_id=token_id, group=str(values.get("group", ""))
-        )
-        for name, value in values.items():
-            setattr(client, name, value)
+        client = client_claim(client_id=client_id, token_id=token_id, group=group)
+        client.client_type = client_type
+        if group:
+            client.group = group
+        if topics is not None:
+            client.topics = topics
+        for name, value in said.items():
+            if value:
+                setattr(client, name, value)
         client.seen_at = timezone.now()
         client.save()
     return client

@@ -2,6 +2,10 @@
 
 from typing import Any
 
+import psycopg
+from django.db import InterfaceError
+from psycopg_pool import PoolTimeout
+
 
 class BrokerError(Exception):
     code = "invalid_request"
@@ -57,3 +61,31 @@ class TransactionResolved(Conflict):
     def __init__(self, *, state: str, message: str = "") -> None:
         super().__init__(message or f"The transaction is already {state}.", state=state)
         self.state = state
+
+
+# SQLSTATEs that say the server cannot be talked to, whatever the query: class 08 (connection
+# exception), 57P01-57P03 (shut down, crashed, starting up: a failover) and 53300 (no connection
+# slot). Not the other OperationalErrors (a statement timeout, a deadlock, libpq refusing a query
+# it cannot send): those are about one query, and a client told to retry would retry it forever
+# (docs/decisions/0042).
+_UNREACHABLE_STATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def database_unreachable(error: BaseException, *, connection_lost: bool = False) -> bool:
+    """Whether `error` means the database could not be reached (no primary, Postgres down, no
+    connection from the pool in time) rather than that one query failed. `connection_lost`:
+    whether the connection the failed query ran on is closed or broken now, when the caller
+    knows (an error of libpq's own, without a SQLSTATE, counts only then)."""
+    if isinstance(error, InterfaceError | psycopg.InterfaceError):
+        return True  # the connection was already closed
+    driver = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else error
+    if isinstance(driver, PoolTimeout):
+        return True
+    if not isinstance(driver, psycopg.OperationalError):
+        return False
+    state = driver.sqlstate
+    if state:
+        return state.startswith(_UNREACHABLE_STATES)
+    if driver.pgconn is not None and driver.pgconn.status == psycopg.pq.ConnStatus.BAD:
+        return True  # connecting failed
+    return connection_lost

@@ -49,5 +49,12 @@ def checkback_resolve(
     resolve = (
         transactions.transaction_commit if answer == "COMMIT" else transactions.transaction_rollback
     )
-    resolve(transaction_id=half.transaction_id, actor=CHECK_BACK, reason=f"answered by {carrier}")
+    # `now`, the caller's instant, decides whether a delayed message is due yet: a worker's
+    # own clock never does (CONTRACT invariant 8, docs/decisions/0020).
+    resolve(
+        transaction_id=half.transaction_id,
+        actor=CHECK_BACK,
+        reason=f"answered by {carrier}",
+        now=now,
+    )
     return str(answer)

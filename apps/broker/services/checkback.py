@@ -217,13 +217,24 @@ def checkback_run(*, half_id: int) -> str:
         # Resolved since the claim: never send a check for it (invariant 7).
         HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
         return "skipped"
+    if failpoints.ARMED:
+        failpoints.hit("after_check_read_before_lock")
     # A RocketMQ producer of the group connected to a gRPC process: asked on its stream, and its
     # answer comes back as EndTransaction (checkback_stream.checkback_answer). Otherwise HTTP.
     with transaction.atomic():
         # Lock: the producer's answer to this check (checkback_stream.checkback_answer) waits
-        # until the check's record names the client it was sent to. Held across one Redis
-        # PUBLISH (bounded by its socket timeout), never across the HTTP call below.
-        HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
+        # until the check's record names the client it was sent to, and a commit or rollback
+        # since the read above is seen here, so no check goes out for it (invariant 7). Held
+        # across one Redis PUBLISH (bounded by its socket timeouts), never across the HTTP call.
+        half = (
+            HalfMessage.objects.select_for_update(of=("self",))
+            .select_related("producer_group", "topic")
+            .filter(pk=half_id)
+            .first()
+        )
+        if half is None or half.state != State.PREPARED:
+            HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
+            return "skipped"
         sent_to = checkback_stream.checkback_send(half=half)
         if sent_to is not None:
             result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)

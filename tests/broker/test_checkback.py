@@ -263,6 +263,28 @@ def test_an_answer_after_the_producer_resolved_is_not_applied(db: None) -> None:
     assert OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"]).count() == 1
 
 
+def test_a_decision_for_a_transaction_parked_meanwhile_is_applied_and_unknown_is_not(
+    db: None,
+) -> None:
+    """PARKED is unresolved (CONTRACT section 1): a check's COMMIT still decides it; an UNKNOWN
+    neither resumes checking nor changes it."""
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    decided, undecided = prepare(group, topic), prepare(group, topic)
+    for half in (decided, undecided):
+        transactions.transaction_park(
+            transaction_id=half.transaction_id, actor=checkback.SYSTEM, reason="test"
+        )
+    assert checkback.checkback_apply(half_id=decided.pk, result=result("COMMIT")) == "COMMIT"
+    assert (
+        checkback.checkback_apply(half_id=undecided.pk, result=result("UNKNOWN"))
+        == "resolved-meanwhile"
+    )
+    decided.refresh_from_db()
+    undecided.refresh_from_db()
+    assert (decided.state, decided.resolved_by) == ("COMMITTED", "CHECK_BACK")
+    assert (undecided.state, undecided.next_check_at) == ("PARKED", None)
+
+
 def test_unknown_answers_use_the_budget_then_park(db: None, settings: Any) -> None:
     settings.TXHUB_CHECK_MAX = 3
     settings.TXHUB_CHECK_INTERVAL = 30

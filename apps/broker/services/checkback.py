@@ -2,7 +2,7 @@
 
 The scan claims due transactions (a lease in `checking_until`, taken with SKIP LOCKED, committed
 at once); a task per transaction calls the producer group's check URL outside any lock; the
-answer is applied under the half row's lock only while the transaction is still PREPARED, through
+answer is applied under the half row's lock only while the transaction is unresolved, through
 the same commit/rollback services as the producer's own calls (CONTRACT invariant 7).
 
 The HTTP call itself (URL policy, signing, the bounded call) is callbacks.py; a check carried by a
@@ -261,7 +261,7 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         CHECKBACK_LATENCY.observe(result.latency_ms / 1000)
     with transaction.atomic():
         # Lock: a late producer commit/rollback or an operator action on the same transaction
-        # waits here (or we wait for it), so the answer applies only while still PREPARED.
+        # waits here (or we wait for it), so the answer applies only while still unresolved.
         half = HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
         if half is None:
             return "gone"

@@ -84,7 +84,7 @@ def checkback_answer(
     )
     with transaction.atomic():
         # Lock: the producer's own late commit/rollback, an operator or a second answer to the
-        # same check queue up here; the answer applies only while the transaction is PREPARED.
+        # same check queue up here; the answer applies only while the transaction is unresolved.
         # checkback_run holds it while it sends a check, so the check's record is seen here.
         half = (
             HalfMessage.objects.select_for_update(of=("self",))

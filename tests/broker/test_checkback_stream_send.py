@@ -3,7 +3,9 @@ PREPARED under the half row's lock (CONTRACT invariant 7): a producer's commit t
 check-back's first read and its lock sends nothing (services/checkback.py, decision 0023)."""
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,3 +93,38 @@ def test_a_commit_between_the_checks_read_and_its_lock_sends_no_check(
     monkeypatch.setattr(failpoints, "ARMED", False)
     assert checkback.checkback_run(half_id=control.pk) == "unknown"
     assert published(stream_process) == [str(control.transaction_id)]
+
+
+@pytest.fixture
+def redis_that_never_accepts() -> Iterator[str]:
+    """A Redis URL whose connects hang: a listener whose accept queue is full drops the SYN of
+    any further connection (a Redis master that vanished from the network looks the same)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=5)
+    try:
+        host, port = listener.getsockname()
+        yield f"redis://{host}:{port}/0"
+    finally:
+        filler.close()
+        listener.close()
+
+
+def test_a_redis_that_does_not_answer_its_connect_holds_the_lock_briefly(
+    db: None, settings: Any, redis_that_never_accepts: str
+) -> None:
+    """checkback_run holds the half row's lock while it publishes a stream check: connecting to
+    Redis is bounded like the publish itself (2 s), not by redis-py's 5 s default."""
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    token, _ = registry.token_create(name="rocketmq", scopes=[f"produce:{group.name}"])
+    clients.client_seen(client_id=CLIENT, token_id=token.pk, client_type="PRODUCER", group="shop")
+    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process=PROCESS)
+    half = HalfMessage.objects.select_related("producer_group", "topic").get(
+        pk=prepare(group, topic).pk
+    )
+    settings.CELERY_BROKER_URL = redis_that_never_accepts
+    started = time.monotonic()
+    assert checkback_stream.checkback_send(half=half) is None  # not sent: HTTP is tried
+    elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed < 4, elapsed  # the connect's own bound, not the 5 s default

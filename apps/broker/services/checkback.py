@@ -225,7 +225,8 @@ def checkback_run(*, half_id: int) -> str:
         # Lock: the producer's answer to this check (checkback_stream.checkback_answer) waits
         # until the check's record names the client it was sent to, and a commit or rollback
         # since the read above is seen here, so no check goes out for it (invariant 7). Held
-        # across one Redis PUBLISH (bounded by its socket timeouts), never across the HTTP call.
+        # across one Redis connect and PUBLISH (2 s each at most, checkback_stream), never
+        # across the HTTP call.
         half = (
             HalfMessage.objects.select_for_update(of=("self",))
             .select_related("producer_group", "topic")

@@ -34,7 +34,9 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     if not producers:
         return None
     request = json.dumps({"transaction_id": str(half.transaction_id)})
-    connection = broker_client(socket_timeout=2)
+    # Both bounds: checkback_run holds the half row's lock across the connect and the PUBLISH,
+    # and redis-py's connect timeout is 5 s unless given (not the socket timeout).
+    connection = broker_client(socket_timeout=2, socket_connect_timeout=2)
     try:
         for producer in producers:
             payload = json.loads(request) | {"client_id": producer.client_id}

@@ -24,6 +24,7 @@ SITES = frozenset(
         "after_commit_before_answer",
         "after_ack_before_answer",
         "after_check_answer_before_write",
+        "after_check_read_before_lock",
     }
 )
 _ACTION = re.compile(

@@ -194,10 +194,11 @@ class HalfMessage(MessageFields):
 
     class Meta:
         indexes = [
-            # The check-back scan: unresolved and due.
+            # The check-back claim: each group's unresolved checks by when they are due, so a
+            # group's backlog is not read to reach another group's (checkback.CLAIM_SQL).
             models.Index(
-                fields=["next_check_at"],
-                name="half_due_check_idx",
+                fields=["producer_group", "next_check_at"],
+                name="half_group_due_check_idx",
                 condition=Q(state="PREPARED"),
             ),
             # The scan's per-group count of checks in flight (leases): small whatever the backlog.

@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.models import CommitLogEntry, HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
 from apps.broker.services.callbacks import CheckResult
 from apps.broker.services.errors import NotFound
@@ -117,3 +117,36 @@ def test_when_the_process_holding_the_stream_is_gone_the_check_goes_to_the_check
     assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
     last = OpRecord.objects.filter(half=half, op="CHECK").latest("id")
     assert last.detail.get("via") != "telemetry"
+
+
+def test_the_answer_to_the_last_check_the_budget_allows_is_applied(db: None, settings: Any) -> None:
+    """A stream check is counted when it is sent, so the last one the budget allows parks the
+    transaction before the producer can answer it. A PARKED transaction is still unresolved
+    (CONTRACT sections 1 and 4): the producer's answer to that check decides it."""
+    settings.TXHUB_CHECK_MAX = 1
+    half = prepared()
+    token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop"])
+    clients.client_seen(client_id=CLIENT, token_id=token.pk, client_type="PRODUCER", group="shop")
+    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process="grpc-host:4242")
+    listener = redis.Redis.from_url(settings.CELERY_BROKER_URL).pubsub()  # type: ignore[no-untyped-call]
+    listener.subscribe(checkback_stream.CHANNEL_PREFIX + "grpc-host:4242")
+    try:
+        make_due(half)
+        assert checkback.checkback_run(half_id=half.pk) == "parked"
+        note = None
+        while note is None or note["type"] != "message":
+            note = listener.get_message(timeout=5)
+            assert note is not None, "no check was published to the stream's process"
+        assert json.loads(note["data"])["transaction_id"] == str(half.transaction_id)
+    finally:
+        listener.close()
+    half.refresh_from_db()
+    assert half.state == "PARKED"
+    assert answer(half, "COMMIT", ["shop"]) == "COMMIT"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+    finals = OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"])
+    assert list(finals.values_list("op", "source")) == [("COMMIT", "CHECK_BACK")]
+    last = OpRecord.objects.filter(half=half, op="CHECK").latest("id")
+    assert (last.detail["answer"], last.detail["applied"]) == ("COMMIT", True)
+    assert CommitLogEntry.objects.filter(transaction_id=half.transaction_id).count() == 1

@@ -2,7 +2,7 @@
 
 The scan claims due transactions (a lease in `checking_until`, taken with SKIP LOCKED, committed
 at once); a task per transaction calls the producer group's check URL outside any lock; the
-answer is applied under the half row's lock only while the transaction is still PREPARED, through
+answer is applied under the half row's lock only while the transaction is unresolved, through
 the same commit/rollback services as the producer's own calls (CONTRACT invariant 7).
 
 The HTTP call itself (URL policy, signing, the bounded call) is callbacks.py; a check carried by a
@@ -37,26 +37,31 @@ WITH inflight AS (
     WHERE state = 'PREPARED' AND checking_until > statement_timestamp()
     GROUP BY producer_group_id
 ),
+-- Each group's own oldest due checks, up to its cap less its leases, before any global limit:
+-- one group's backlog never keeps another group's due check out of a claim (CONTRACT section 7,
+-- docs/decisions/0009). One probe of half_group_due_check_idx per group, reading at most its
+-- cap, however long the group's backlog.
 due AS (
-    SELECT id, producer_group_id, next_check_at FROM broker_halfmessage
-    WHERE state = 'PREPARED' AND next_check_at <= statement_timestamp()
-      AND (%(group)s::bigint IS NULL OR producer_group_id = %(group)s::bigint)
-    ORDER BY next_check_at LIMIT %(window)s
-),
-ranked AS (
-    SELECT due.id, row_number() OVER (
-        PARTITION BY due.producer_group_id ORDER BY due.next_check_at) AS rank,
-        coalesce(inflight.n, 0) AS busy
-    FROM due LEFT JOIN inflight USING (producer_group_id)
+    SELECT d.id, d.next_check_at
+    FROM broker_producergroup g
+    LEFT JOIN inflight ON inflight.producer_group_id = g.id
+    CROSS JOIN LATERAL (
+        SELECT h.id, h.next_check_at FROM broker_halfmessage h
+        WHERE h.producer_group_id = g.id AND h.state = 'PREPARED'
+          AND h.next_check_at <= statement_timestamp()
+        ORDER BY h.next_check_at
+        LIMIT greatest(%(per_group)s - coalesce(inflight.n, 0), 0)
+    ) d
+    WHERE %(group)s::bigint IS NULL OR g.id = %(group)s::bigint
 )
 UPDATE broker_halfmessage
 SET checking_until = statement_timestamp() + make_interval(secs => %(lease)s),
     next_check_at = statement_timestamp() + make_interval(secs => %(lease)s)
 WHERE id IN (
     SELECT h.id FROM broker_halfmessage h
-    -- ARRAY(...): the backlog is ranked once, whatever plan the statistics suggest; a join with
-    -- `ranked` may re-rank it for every due row (docs/decisions/0063).
-    WHERE h.id = ANY (ARRAY(SELECT id FROM ranked WHERE rank + busy <= %(per_group)s))
+    -- ARRAY(...): the candidates are chosen once, whatever plan the statistics suggest; a join
+    -- may choose them again for every row it locks (docs/decisions/0063).
+    WHERE h.id = ANY (ARRAY(SELECT id FROM due ORDER BY next_check_at LIMIT %(window)s))
       AND h.state = 'PREPARED' AND h.next_check_at <= statement_timestamp()
     ORDER BY h.next_check_at LIMIT %(batch)s
     FOR UPDATE OF h SKIP LOCKED
@@ -103,7 +108,8 @@ class Claim(NamedTuple):
 
 def checkback_claims(*, producer_group_id: int | None = None) -> list[Claim]:
     """Claims due PREPARED transactions for checking, at most N in flight per producer group
-    (only that group's with `producer_group_id`).
+    (only that group's with `producer_group_id`): each group's oldest due checks up to its cap,
+    then the oldest of those up to TXHUB_CHECK_BATCH.
 
     Lock, SKIP LOCKED: two scans (or a scan racing a commit) never claim the same row; a row being
     resolved right now is skipped and, once resolved, is no longer PREPARED. The claim moves
@@ -211,13 +217,25 @@ def checkback_run(*, half_id: int) -> str:
         # Resolved since the claim: never send a check for it (invariant 7).
         HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
         return "skipped"
+    if failpoints.ARMED:
+        failpoints.hit("after_check_read_before_lock")
     # A RocketMQ producer of the group connected to a gRPC process: asked on its stream, and its
     # answer comes back as EndTransaction (checkback_stream.checkback_answer). Otherwise HTTP.
     with transaction.atomic():
         # Lock: the producer's answer to this check (checkback_stream.checkback_answer) waits
-        # until the check's record names the client it was sent to. Held across one Redis
-        # PUBLISH (bounded by its socket timeout), never across the HTTP call below.
-        HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
+        # until the check's record names the client it was sent to, and a commit or rollback
+        # since the read above is seen here, so no check goes out for it (invariant 7). Held
+        # across one Redis connect and PUBLISH (2 s each at most, checkback_stream), never
+        # across the HTTP call.
+        half = (
+            HalfMessage.objects.select_for_update(of=("self",))
+            .select_related("producer_group", "topic")
+            .filter(pk=half_id)
+            .first()
+        )
+        if half is None or half.state != State.PREPARED:
+            HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
+            return "skipped"
         sent_to = checkback_stream.checkback_send(half=half)
         if sent_to is not None:
             result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)
@@ -244,7 +262,7 @@ def checkback_apply(*, half_id: int, result: CheckResult) -> str:
         CHECKBACK_LATENCY.observe(result.latency_ms / 1000)
     with transaction.atomic():
         # Lock: a late producer commit/rollback or an operator action on the same transaction
-        # waits here (or we wait for it), so the answer applies only while still PREPARED.
+        # waits here (or we wait for it), so the answer applies only while still unresolved.
         half = HalfMessage.objects.select_for_update(of=("self",)).filter(pk=half_id).first()
         if half is None:
             return "gone"

@@ -34,7 +34,9 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     if not producers:
         return None
     request = json.dumps({"transaction_id": str(half.transaction_id)})
-    connection = broker_client(socket_timeout=2)
+    # Both bounds: checkback_run holds the half row's lock across the connect and the PUBLISH,
+    # and redis-py's connect timeout is 5 s unless given (not the socket timeout).
+    connection = broker_client(socket_timeout=2, socket_connect_timeout=2)
     try:
         for producer in producers:
             payload = json.loads(request) | {"client_id": producer.client_id}
@@ -84,7 +86,7 @@ def checkback_answer(
     )
     with transaction.atomic():
         # Lock: the producer's own late commit/rollback, an operator or a second answer to the
-        # same check queue up here; the answer applies only while the transaction is PREPARED.
+        # same check queue up here; the answer applies only while the transaction is unresolved.
         # checkback_run holds it while it sends a check, so the check's record is seen here.
         half = (
             HalfMessage.objects.select_for_update(of=("self",))

@@ -246,7 +246,10 @@ def transaction_commit(
     reason: str = "",
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
+    now: datetime | None = None,
 ) -> Resolution:
+    """`now`: the instant the commit decides with (whether a delay is due, resolved_at). A
+    worker passes the database's (check-back, decision 0020); a web process its own clock."""
     resolution = None
     if not connection.in_atomic_block:
         committed = committing.commit_at_once(
@@ -256,12 +259,12 @@ def transaction_commit(
             reason=reason,
             detail=detail or {},
             producer_groups=producer_groups,
-            now=timezone.now(),
+            now=now or timezone.now(),
         )
         resolution = None if committed is None else Resolution(*committed)
     if resolution is None:  # not the plain case (or inside a caller's transaction)
         resolution = _resolve(
-            transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups
+            transaction_id, TransactionState.COMMITTED, actor, reason, detail, producer_groups, now
         )
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_commit_before_answer")
@@ -275,9 +278,11 @@ def transaction_rollback(
     reason: str = "",
     detail: dict[str, Any] | None = None,
     producer_groups: Collection[str] | None = None,
+    now: datetime | None = None,
 ) -> Resolution:
+    """`now` as for transaction_commit."""
     return _resolve(
-        transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail, producer_groups
+        transaction_id, TransactionState.ROLLED_BACK, actor, reason, detail, producer_groups, now
     )
 
 
@@ -380,8 +385,10 @@ def _resolve(
     reason: str,
     detail: dict[str, Any] | None,
     producer_groups: Collection[str] | None,
+    now: datetime | None = None,
 ) -> Resolution:
-    return _apply(half_rows.lock(transaction_id, producer_groups), target, actor, reason, detail)
+    half = half_rows.lock(transaction_id, producer_groups)
+    return _apply(half, target, actor, reason, detail, now)
 
 
 def _apply(
@@ -402,7 +409,8 @@ def _apply(
     if half.state not in UNRESOLVED_STATES:
         raise TransactionResolved(state=half.state)
     # A batch passes the instant it decided "visible at once or delayed" with: a half due in
-    # between must not be committed here, out of the batch's queue lock order.
+    # between must not be committed here, out of the batch's queue lock order. Check-back passes
+    # the database's: a worker's clock never decides what is due (docs/decisions/0020).
     now = now or timezone.now()
     half.state = target
     half.resolved_at = now

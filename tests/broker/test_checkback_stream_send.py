@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,8 @@ from apps.broker.services import checkback, checkback_stream, clients, registry,
 from tests.support.transactions import PRODUCER, make_due, make_group, prepare
 
 CLIENT = "shop-host@101@0@producer"
-PROCESS = "grpc-host:4242"
+# Redis channels are shared by every database and so by every test worker: a name of this run's.
+PROCESS = f"grpc-host-{uuid.uuid4().hex[:8]}:4242"
 
 
 @pytest.fixture
@@ -127,4 +129,4 @@ def test_a_redis_that_does_not_answer_its_connect_holds_the_lock_briefly(
     started = time.monotonic()
     assert checkback_stream.checkback_send(half=half) is None  # not sent: HTTP is tried
     elapsed = time.monotonic() - started
-    assert 1.5 <= elapsed < 4, elapsed  # the connect's own bound, not the 5 s default
+    assert 1.5 <= elapsed < 4.5, elapsed  # the connect's own bound, not the 5 s default

@@ -4,6 +4,7 @@ transaction was resolved is recorded and not applied, and when the process holdi
 producer's stream is gone the check goes to the group's check URL."""
 
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,8 @@ from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor
 
 CLIENT = "shop-host@101@0@producer"
+# Redis channels are shared by every database and so by every test worker: a name of this run's.
+PROCESS = f"grpc-host-{uuid.uuid4().hex[:8]}:4242"
 PRODUCER = Actor(Resolver.PRODUCER, "rocketmq")
 
 
@@ -34,7 +37,7 @@ def prepared(check_url: str = "http://127.0.0.1:9/check") -> HalfMessage:
 
 def sent_on_the_stream(half: HalfMessage) -> None:
     """What check-back writes when it hands the check to the process holding CLIENT's stream."""
-    via = {"via": "telemetry", "client_id": CLIENT, "process": "grpc-host:4242"}
+    via = {"via": "telemetry", "client_id": CLIENT, "process": PROCESS}
     checkback.checkback_apply(
         half_id=half.pk, result=CheckResult("UNKNOWN", True, None, "", 0, "", via=via)
     )
@@ -93,11 +96,11 @@ def test_when_the_process_holding_the_stream_is_gone_the_check_goes_to_the_check
     half = prepared(checker.url)
     token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop"])
     clients.client_seen(client_id=CLIENT, token_id=token.pk, client_type="PRODUCER", group="shop")
-    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process="grpc-host:4242")
+    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process=PROCESS)
     # The positive control: while the process holding the stream listens, the check is sent
     # there, and the check URL is not called.
     listener = redis.Redis.from_url(settings.CELERY_BROKER_URL).pubsub()  # type: ignore[no-untyped-call]
-    listener.subscribe(checkback_stream.CHANNEL_PREFIX + "grpc-host:4242")
+    listener.subscribe(checkback_stream.CHANNEL_PREFIX + PROCESS)
     try:
         make_due(half)
         assert checkback.checkback_run(half_id=half.pk) == "unknown"
@@ -127,9 +130,9 @@ def test_the_answer_to_the_last_check_the_budget_allows_is_applied(db: None, set
     half = prepared()
     token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop"])
     clients.client_seen(client_id=CLIENT, token_id=token.pk, client_type="PRODUCER", group="shop")
-    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process="grpc-host:4242")
+    clients.client_stream_opened(client_id=CLIENT, token_id=token.pk, process=PROCESS)
     listener = redis.Redis.from_url(settings.CELERY_BROKER_URL).pubsub()  # type: ignore[no-untyped-call]
-    listener.subscribe(checkback_stream.CHANNEL_PREFIX + "grpc-host:4242")
+    listener.subscribe(checkback_stream.CHANNEL_PREFIX + PROCESS)
     try:
         make_due(half)
         assert checkback.checkback_run(half_id=half.pk) == "parked"

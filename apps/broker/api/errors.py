@@ -7,7 +7,12 @@ import math
 from itertools import islice
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import (
+    DisallowedHost,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
@@ -127,6 +132,36 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         code, exc.status_code = "unauthenticated", 401
         headers["WWW-Authenticate"] = 'Bearer realm="txhub"'
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
+
+
+def _suspicious(exception: Exception) -> tuple[int, str]:
+    """Status and message for a request Django refused before any view (SuspiciousOperation:
+    handler400), without echoing what was refused (a Host header, a parameter)."""
+    if isinstance(exception, DisallowedHost):
+        return 400, "The Host header names a host this server does not answer for."
+    if isinstance(exception, TooManyFieldsSent | TooManyFilesSent):
+        return 400, "The request has too many parameters."
+    if isinstance(exception, RequestDataTooBig):
+        return 413, "The request body is too large: a message body has at most 4 MiB."
+    return 400, "The request is malformed."
+
+
+def handler400(request: HttpRequest, exception: Exception) -> Any:
+    if request.path.startswith("/api/"):
+        status_code, message = _suspicious(exception)
+        return JsonResponse(error_body(CODES[status_code], message), status=status_code)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception) -> Any:
+    if request.path.startswith("/api/"):
+        message = "You do not have permission to perform this action."
+        return JsonResponse(error_body("forbidden", message), status=403)
+    from django.views.defaults import permission_denied
+
+    return permission_denied(request, exception)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:

@@ -1,0 +1,78 @@
+"""Requests Django or the web server refuses before a view answer in the contract's JSON format,
+through a real server (the lean door on, as `make run` starts it), and store nothing: a Host
+header the server does not answer for, and a thousand and one query parameters. The hot route
+(`POST /transactions`, the lean door's) and a route only Django answers (`POST /topics`) are
+asked alike."""
+
+import json
+from typing import Any
+
+import pytest
+import requests
+
+from apps.broker.models import HalfMessage, Topic
+from apps.broker.services import registry
+from tests.conftest import Server
+
+pytestmark = pytest.mark.e2e
+
+MESSAGE = {"producer_group": "shop", "topic": "orders", "body": "order 9527"}
+
+
+@pytest.fixture
+def shop(server: Server) -> dict[str, str]:
+    registry.topic_create(name="orders", queues=1)
+    registry.producer_group_create(name="shop", check_url="https://127.0.0.1:9/")
+    return {
+        "Content-Type": "application/json",
+        **server.token("produce:shop"),
+        "X-Admin": server.token("admin")["Authorization"],
+    }
+
+
+def _error(answer: requests.Response, status: int, code: str) -> dict[str, Any]:
+    assert answer.status_code == status, (answer.status_code, answer.text[:300])
+    assert answer.headers["Content-Type"] == "application/json", answer.headers
+    error: dict[str, Any] = answer.json()["error"]
+    assert error["code"] == code, error
+    return error
+
+
+def _post(server: Server, path: str, body: bytes, headers: dict[str, str]) -> requests.Response:
+    return requests.post(server.url(path), data=body, headers=headers, timeout=30)
+
+
+def _admin(headers: dict[str, str]) -> dict[str, str]:
+    return {**headers, "Authorization": headers["X-Admin"]}
+
+
+def test_a_host_the_server_does_not_answer_for_is_a_json_400(
+    server: Server, shop: dict[str, str]
+) -> None:
+    body = json.dumps(MESSAGE).encode()
+    evil = {**shop, "Host": "evil.example"}
+    error = _error(_post(server, "/api/v1/transactions", body, evil), 400, "invalid_request")
+    assert "evil.example" not in error["message"]
+    topic = json.dumps({"name": "evil", "queues": 1}).encode()
+    _error(_post(server, "/api/v1/topics", topic, _admin(evil)), 400, "invalid_request")
+    assert HalfMessage.objects.count() == 0
+    assert not Topic.objects.filter(name="evil").exists()
+    # Outside the API, Django's own page (the console is HTML).
+    page = requests.get(server.url("/console/"), headers={"Host": "evil.example"}, timeout=30)
+    assert page.status_code == 400
+    assert page.headers["Content-Type"].startswith("text/html")
+    # The positive control: the same requests with the server's own Host.
+    assert _post(server, "/api/v1/transactions", body, shop).status_code == 201
+    assert _post(server, "/api/v1/topics", topic, _admin(shop)).status_code == 201
+
+
+def test_a_thousand_and_one_query_parameters_are_a_json_400(
+    server: Server, shop: dict[str, str]
+) -> None:
+    many = "&".join(f"a={n}" for n in range(1001))
+    listed = requests.get(server.url(f"/api/v1/transactions?{many}"), headers=shop, timeout=30)
+    _error(listed, 400, "invalid_request")
+    body = json.dumps(MESSAGE).encode()
+    _error(_post(server, f"/api/v1/transactions?{many}", body, shop), 400, "invalid_request")
+    assert HalfMessage.objects.count() == 0
+    assert _post(server, "/api/v1/transactions?a=1", body, shop).status_code == 201

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import requests
 
+from apps.broker.api.errors import retry_after_seconds
+
 pytestmark = pytest.mark.e2e
 
 
@@ -59,3 +61,12 @@ def test_junk_tokens_are_refused_without_lookups_and_throttled_per_address(
         os.killpg(cluster.web.pid, signal.SIGTERM)
         cluster.web.wait(timeout=30)
         cluster.web = None
+
+
+@pytest.mark.parametrize(
+    ("wait", "seconds"), [(None, 1), (0.0, 1), (0.2, 1), (1.0, 1), (59.01, 60), (59.99, 60)]
+)
+def test_retry_after_is_whole_seconds_rounded_up_and_at_least_one(
+    wait: float | None, seconds: int
+) -> None:
+    assert retry_after_seconds(wait) == seconds

@@ -112,6 +112,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return None  # anything else is a bug: Django's 500 handler answers in our format
 
 
+def retry_after_seconds(wait: float | None) -> int:
+    """Retry-After for a throttled answer, at every door: whole seconds rounded up, at least 1
+    (RFC 9110 delay-seconds; a client that waits what it is told is not refused again)."""
+    return max(1, math.ceil(wait or 1))
+
+
 def _api_exception(exc: exceptions.APIException) -> Response:
     code = CODES.get(exc.status_code, "invalid_request")
     details: dict[str, Any] = {}
@@ -124,8 +130,7 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         message = str(exc.detail)
     headers = {}
     if isinstance(exc, exceptions.Throttled):
-        # Whole seconds, at least 1 (RFC 9110 delay-seconds); DRF's own handler would set it.
-        retry_after = max(1, math.ceil(getattr(exc, "wait", None) or 1))
+        retry_after = retry_after_seconds(getattr(exc, "wait", None))
         details = {"retry_after": retry_after}
         headers["Retry-After"] = str(retry_after)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):

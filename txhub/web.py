@@ -225,7 +225,7 @@ class TxhubASGIHandler(ASGIHandler):
         if not scope["path"].startswith("/api/") or not _large_or_unbounded(scope):
             return None
         authorization = _header(scope, b"authorization")
-        address = (scope.get("client") or ("",))[0]
+        address = auth.client_address(scope)
 
         def check() -> HttpResponse | None:
             try:
@@ -298,7 +298,7 @@ def _junk_refused(scope: Any) -> HttpResponse | None:
         raw = auth.bearer_of(_header(scope, b"authorization"))
         if raw is None:
             return None
-        auth.refuse_early(hash_token(raw), (scope.get("client") or ("",))[0])
+        auth.refuse_early(hash_token(raw), auth.client_address(scope))
     except exceptions.Throttled as error:
         return _throttled(error)
     except exceptions.AuthenticationFailed as error:

@@ -50,7 +50,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.broker import metrics
-from apps.broker.api import batch_views, long_poll, views
+from apps.broker.api import auth, batch_views, long_poll, views
 from apps.broker.api import urls as api_urls
 from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.api.parsers import LimitedJSONParser
@@ -197,6 +197,8 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
     meta: dict[str, Any] = {
         "CONTENT_LENGTH": str(len(body)),
         "HTTP_AUTHORIZATION": headers["authorization"],
+        # As Django's request has it: the authenticator counts failures per address (0038).
+        "REMOTE_ADDR": auth.client_address(scope),
         long_poll.WAIT_OUTSIDE: True,
     }
     request = LeanRequest(

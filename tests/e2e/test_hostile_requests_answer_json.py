@@ -1,8 +1,8 @@
 """Requests Django or the web server refuses before a view answer in the contract's JSON format,
 through a real server (the lean door on, as `make run` starts it), and store nothing: a Host
-header the server does not answer for, and a thousand and one query parameters. The hot route
-(`POST /transactions`, the lean door's) and a route only Django answers (`POST /topics`) are
-asked alike."""
+header the server does not answer for, a thousand and one query parameters, a JSON key or a
+query parameter given twice. The hot route (`POST /transactions`, the lean door's) and a route
+only Django answers (`POST /topics`) are asked alike."""
 
 import json
 from typing import Any
@@ -76,3 +76,45 @@ def test_a_thousand_and_one_query_parameters_are_a_json_400(
     _error(_post(server, f"/api/v1/transactions?{many}", body, shop), 400, "invalid_request")
     assert HalfMessage.objects.count() == 0
     assert _post(server, "/api/v1/transactions?a=1", body, shop).status_code == 201
+
+
+def test_a_json_key_given_twice_is_a_400_naming_it_at_both_doors(
+    server: Server, shop: dict[str, str]
+) -> None:
+    twice = b'{"producer_group": "a", "producer_group": "shop", "topic": "orders", "body": "x"}'
+    for body in (twice, b'{"producer_group": "shop", "topic": "orders", "body": "x", '
+                 b'"properties": {"k": "1", "k": "2"}}'):  # fmt: skip
+        error = _error(_post(server, "/api/v1/transactions", body, shop), 400, "invalid_request")
+        key = "producer_group" if body is twice else "k"
+        assert key in error["message"]
+        assert error["details"] == {key: [error["message"]]}
+    topic = b'{"name": "first", "name": "second", "queues": 1}'
+    error = _error(_post(server, "/api/v1/topics", topic, _admin(shop)), 400, "invalid_request")
+    assert error["details"] == {"name": [error["message"]]}
+    assert HalfMessage.objects.count() == 0
+    assert not Topic.objects.filter(name__in=["first", "second"]).exists()
+    # The positive control: each key once.
+    once = b'{"producer_group": "shop", "topic": "orders", "body": "x"}'
+    assert _post(server, "/api/v1/transactions", once, shop).status_code == 201
+    assert HalfMessage.objects.get().producer_group.name == "shop"
+
+
+def test_a_query_parameter_given_twice_is_a_400_naming_it(
+    server: Server, shop: dict[str, str]
+) -> None:
+    for query in ("state=PREPARED&state=COMMITTED", "page=1&page=2"):
+        listed = requests.get(server.url(f"/api/v1/transactions?{query}"), headers=shop, timeout=30)
+        error = _error(listed, 400, "invalid_request")
+        name = query.split("=", 1)[0]
+        assert error["details"] == {name: [error["message"]]}
+    runs = requests.get(
+        server.url("/api/v1/reconciliations?page_size=5&page_size=5"),
+        headers=_admin(shop),
+        timeout=30,
+    )
+    _error(runs, 400, "invalid_request")  # even the same value twice
+    # The positive control: each once.
+    listed = requests.get(
+        server.url("/api/v1/transactions?state=PREPARED&page=1"), headers=shop, timeout=30
+    )
+    assert listed.status_code == 200

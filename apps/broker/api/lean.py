@@ -55,6 +55,7 @@ from apps.broker.api import urls as api_urls
 from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.api.parsers import LimitedJSONParser
 from apps.broker.services.consuming import WaitPlan
+from apps.broker.services.errors import BrokerError
 
 # Where Django logs a request's unhandled exception (its 500s): the same logger for both doors.
 _request_logger = logging.getLogger("django.request")
@@ -263,7 +264,7 @@ def _parsed(body: bytes) -> dict[str, Any] | None:
         return {}
     try:
         data = _parser.parse(io.BytesIO(body), "application/json", None)
-    except (exceptions.ParseError, ValueError):
+    except (exceptions.ParseError, BrokerError, ValueError):  # BrokerError: a repeated key
         return None
     return cast(dict[str, Any], data)
 

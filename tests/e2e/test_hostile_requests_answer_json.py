@@ -1,8 +1,9 @@
 """Requests Django or the web server refuses before a view answer in the contract's JSON format,
 through a real server (the lean door on, as `make run` starts it), and store nothing: a Host
-header the server does not answer for, a thousand and one query parameters, a JSON key or a
-query parameter given twice. The hot route (`POST /transactions`, the lean door's) and a route
-only Django answers (`POST /topics`) are asked alike."""
+header the server does not answer for, a thousand and one query parameters, a JSON key or a query
+parameter given twice, and a method, Accept or Content-Type the endpoint does not take (each
+with the code docs/api.md lists for its status). The hot route (`POST /transactions`, the lean
+door's) and a route only Django answers (`POST /topics`) are asked alike."""
 
 import json
 from typing import Any
@@ -118,3 +119,17 @@ def test_a_query_parameter_given_twice_is_a_400_naming_it(
         server.url("/api/v1/transactions?state=PREPARED&page=1"), headers=shop, timeout=30
     )
     assert listed.status_code == 200
+
+
+def test_method_accept_and_content_type_refusals_have_codes_of_their_own(
+    server: Server, shop: dict[str, str]
+) -> None:
+    body = json.dumps(MESSAGE).encode()
+    wrong_method = requests.put(server.url("/api/v1/transactions"), headers=shop, timeout=30)
+    _error(wrong_method, 405, "method_not_allowed")
+    html = {**shop, "Accept": "text/html"}
+    _error(_post(server, "/api/v1/transactions", body, html), 406, "not_acceptable")
+    text = {**shop, "Content-Type": "text/plain"}
+    _error(_post(server, "/api/v1/transactions", body, text), 415, "unsupported_media_type")
+    assert HalfMessage.objects.count() == 0
+    assert _post(server, "/api/v1/transactions", body, shop).status_code == 201

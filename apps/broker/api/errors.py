@@ -22,14 +22,21 @@ from apps.broker.services.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
+# One code per status. The contract's own list, and for the statuses it is silent on the codes
+# DRF itself names them by (405, 406, 415), so that invalid_request always means 400
+# (docs/api.md "Errors").
 CODES = {
     400: "invalid_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
     409: "conflict",
     413: "payload_too_large",
+    415: "unsupported_media_type",
     429: "throttled",
+    500: "internal_error",
     503: "unavailable",
 }
 
@@ -180,7 +187,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
 def handler500(request: HttpRequest) -> Any:
     if request.path.startswith("/api/"):
         return JsonResponse(
-            error_body("internal_error", "Something went wrong on our side; it is logged."),
+            error_body(CODES[500], "Something went wrong on our side; it is logged."),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     from django.views.defaults import server_error

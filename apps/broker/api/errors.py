@@ -23,8 +23,8 @@ from apps.broker.services.errors import BrokerError
 logger = logging.getLogger(__name__)
 
 # One code per status. The contract's own list, and for the statuses it is silent on the codes
-# DRF itself names them by (405, 406, 415), so that invalid_request always means 400
-# (docs/api.md "Errors").
+# DRF itself names them by (405, 406, 415) and the web server's read limits (408, 431), so that
+# invalid_request always means 400 (docs/api.md "Errors").
 CODES = {
     400: "invalid_request",
     401: "unauthenticated",
@@ -32,10 +32,12 @@ CODES = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "throttled",
+    431: "headers_too_large",
     500: "internal_error",
     503: "unavailable",
 }

@@ -25,5 +25,7 @@ urlpatterns = [
     path("console/", include("apps.console.urls")),
 ]
 
+handler400 = "apps.broker.api.errors.handler400"
+handler403 = "apps.broker.api.errors.handler403"
 handler404 = "apps.broker.api.errors.handler404"
 handler500 = "apps.broker.api.errors.handler500"

@@ -36,7 +36,7 @@ from rest_framework import exceptions
 
 from apps.broker import wakeups
 from apps.broker.api import auth, lean, long_poll, views
-from apps.broker.api.errors import error_body
+from apps.broker.api.errors import error_body, retry_after_seconds
 from apps.broker.services.registry import hash_token
 
 logger = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ class TxhubASGIHandler(ASGIHandler):
         if not scope["path"].startswith("/api/") or not _large_or_unbounded(scope):
             return None
         authorization = _header(scope, b"authorization")
-        address = (scope.get("client") or ("",))[0]
+        address = auth.client_address(scope)
 
         def check() -> HttpResponse | None:
             try:
@@ -298,7 +298,7 @@ def _junk_refused(scope: Any) -> HttpResponse | None:
         raw = auth.bearer_of(_header(scope, b"authorization"))
         if raw is None:
             return None
-        auth.refuse_early(hash_token(raw), (scope.get("client") or ("",))[0])
+        auth.refuse_early(hash_token(raw), auth.client_address(scope))
     except exceptions.Throttled as error:
         return _throttled(error)
     except exceptions.AuthenticationFailed as error:
@@ -307,7 +307,7 @@ def _junk_refused(scope: Any) -> HttpResponse | None:
 
 
 def _throttled(error: exceptions.Throttled) -> HttpResponse:
-    wait = max(1, int(getattr(error, "wait", None) or 1))
+    wait = retry_after_seconds(getattr(error, "wait", None))
     answer = HttpResponse(
         json.dumps(error_body("throttled", str(error.detail), {"retry_after": wait})),
         status=429,

@@ -13,7 +13,9 @@ of the turn it was written in.
 """
 
 import asyncio
+import json
 import os
+import re
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -21,6 +23,9 @@ from uvicorn_worker import UvicornWorker
 
 # What is kept at most before it is written without waiting for the turn to end.
 KEEP_AT_MOST = 64 * 1024
+
+# Where a request's head ends: its empty line (a bare LF too, as the parser allows it).
+_HEAD_END = re.compile(rb"\n\r?\n")
 
 
 class CoalescingTransport:
@@ -86,20 +91,28 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(coalescing)  # type: ignore[arg-type]
         self._read_seconds = float(settings.TXHUB_WEB_REQUEST_READ_SECONDS)
         self._max_head = int(settings.TXHUB_WEB_MAX_HEADER_BYTES)
-        self._head_bytes: int | None = None  # counting while a request's head arrives
+        # The head's bytes so far while one arrives (None: reading its body); its last 2 bytes,
+        # where the empty line that ends it may have begun.
+        self._head_bytes: int | None = 0
+        self._head_tail = b""
         self._deadline: asyncio.TimerHandle | None = None
         self._arm_deadline()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        # Counted before the parser sees a byte (decision 0033): a head that arrives in one read
+        # is parsed whole in one call, and a URL past 65,535 bytes fails in the parser itself.
         if self._head_bytes is not None:
-            self._head_bytes += len(data)
-            if self._head_bytes > self._max_head and not self.transport.is_closing():
-                self._refuse(b"431 Request Header Fields Too Large")
+            seen = self._head_tail + data
+            end = _HEAD_END.search(seen)
+            self._head_bytes += len(data) if end is None else end.end() - len(self._head_tail)
+            self._head_tail = seen[-2:] if end is None else b""
+            if self._head_bytes > self._max_head:
+                self._refuse(431, "The request line and headers are too large.")
+                return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
         self._arm_deadline()
 
     def on_headers_complete(self) -> None:
@@ -108,7 +121,12 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._head_bytes, self._head_tail = 0, b""  # the next request's head
         self._disarm_deadline()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser refused (uvicorn's plain-text 400): in the API's format."""
+        self._refuse(400, "The request is not valid HTTP.")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_deadline()
@@ -138,17 +156,36 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.cycle is None or self.cycle.response_complete:
             # Nothing of this request reached the application: say why, then close.
-            self._refuse(b"408 Request Timeout")
+            self._refuse(408, "The request did not arrive in time.")
         else:
             # The application is reading the body: closing tells it (http.disconnect).
             self.transport.close()
 
-    def _refuse(self, status: bytes) -> None:
+    def _refuse(self, status: int, message: str) -> None:
+        """The contract's JSON error, then close: no application saw the request."""
         self._disarm_deadline()
-        self.transport.write(
-            b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-        )
+        if self.transport.is_closing():
+            return
+        self.transport.write(_refusal(status, message))
         self.transport.close()
+
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _refusal(status: int, message: str) -> bytes:
+    from apps.broker.api.errors import CODES, error_body
+
+    body = json.dumps(error_body(CODES[status], message)).encode()
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
 
 
 class TxhubWorker(UvicornWorker):  # type: ignore[misc]  # uvicorn_worker has no types

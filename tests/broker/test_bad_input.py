@@ -2,11 +2,15 @@
 One row per limit, sent both as a normal message and as a transaction."""
 
 import base64
+import json
 from typing import Any
 
 import pytest
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.test import RequestFactory
 from rest_framework.test import APIClient
 
+from apps.broker.api.errors import handler400, handler403
 from apps.broker.models import CommitLogEntry, ConsumerGroup, HalfMessage, OpRecord, Topic
 from tests.support.responses import assert_error
 
@@ -114,7 +118,8 @@ def test_a_body_that_is_not_a_json_object_is_400(
         "POST", "/api/v1/topics/orders/messages", body, content_type=content_type
     )
     assert response.status_code in {400, 415}
-    assert_error(response, response.status_code, "invalid_request")
+    code = {400: "invalid_request", 415: "unsupported_media_type"}[response.status_code]
+    assert_error(response, response.status_code, code)
     assert_nothing_stored()
 
 
@@ -233,4 +238,23 @@ def test_an_unknown_api_path_is_a_json_404(api: APIClient) -> None:
 
 def test_a_wrong_method_answers_in_the_contract_format(api: APIClient) -> None:
     response = api.delete("/api/v1/topics")
-    assert_error(response, 405, "invalid_request")
+    assert_error(response, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize(
+    ("handler", "exception", "status", "code"),
+    [
+        (handler400, SuspiciousOperation("x"), 400, "invalid_request"),
+        (handler403, PermissionDenied(), 403, "forbidden"),
+    ],
+)
+def test_djangos_own_400_and_403_are_json_on_api_paths_and_pages_elsewhere(
+    handler: Any, exception: Exception, status: int, code: str
+) -> None:
+    factory = RequestFactory()
+    answer = handler(factory.get("/api/v1/topics"), exception)
+    assert (answer.status_code, answer["Content-Type"]) == (status, "application/json")
+    assert json.loads(answer.content)["error"]["code"] == code
+    page = handler(factory.get("/console/"), exception)
+    assert page.status_code == status
+    assert page["Content-Type"].startswith("text/html")

@@ -344,6 +344,14 @@ def test_plain_requests_are_answered_by_the_lean_door_exactly_as_by_django(
         (f"{PREFIX}/transactions", b"[1, 2]", headers_for(producer), 400),
         (f"{PREFIX}/transactions", b'{"topic": NaN}', headers_for(producer), 400),
         (f"{PREFIX}/transactions", b"[" * 100_000, headers_for(producer), 400),
+        # A key given twice: the parser's 400 naming it, as for any body it refuses.
+        (
+            f"{PREFIX}/transactions",
+            b'{"topic": "lean", "topic": "other", "producer_group": "lean-p", "body": "x"}',
+            headers_for(producer),
+            400,
+        ),
+        (f"{PREFIX}/transactions?" + "&".join(["a=1"] * 1001), message, headers_for(producer), 400),
         (
             f"{PREFIX}/transactions",
             message,

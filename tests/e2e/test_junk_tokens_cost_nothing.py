@@ -2,15 +2,26 @@
 server on a Postgres of the test's own: a junk token refused once is refused again without any
 lookup (it answers 401 while Postgres is down, where a lookup would answer 503), and past its
 failed authentications an address's unknown tokens get 429 before any lookup, while a token
-the process knows as good is still served."""
+the process knows as good is still served. Both doors count an address's failures: the lean
+door's prepare as DRF's."""
 
+import http.client
+import json
 import os
 import secrets
 import signal
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
+
+from apps.broker.api.errors import retry_after_seconds
+from apps.broker.models import HalfMessage
+from apps.broker.services import registry
+from tests.conftest import start_gunicorn
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -59,3 +70,95 @@ def test_junk_tokens_are_refused_without_lookups_and_throttled_per_address(
         os.killpg(cluster.web.pid, signal.SIGTERM)
         cluster.web.wait(timeout=30)
         cluster.web = None
+
+
+@pytest.fixture
+def one_web_process(transactional_db: None) -> Iterator[tuple[int, str]]:
+    """One web process (failures are counted per process) with a budget of 5 a minute."""
+    registry.topic_create(name="orders", queues=1)
+    registry.producer_group_create(name="shop", check_url="https://127.0.0.1:9/")
+    _, raw = registry.token_create(name="shop", scopes=["produce:shop"])
+    port = free_port()
+    process = start_gunicorn(
+        port, workers=1, extra_env={"TXHUB_AUTH_FAILURES_PER_MINUTE": str(BUDGET)}
+    )
+    try:
+        yield port, raw
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+BUDGET = 5
+
+
+def _post_from(address: str, port: int, path: str, token: str) -> tuple[int, dict[str, str], bytes]:
+    """A prepare sent from `address` (any of 127.0.0.0/8 reaches the server on 127.0.0.1): each
+    door's failures are counted per client address, so each door here has an address of its own."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=30, source_address=(address, 0)
+    )
+    body = json.dumps({"producer_group": "shop", "topic": "orders", "body": "order 9527"})
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    try:
+        connection.request("POST", path, body, headers)
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+def _lean_answers(port: int) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("txhub_lean_door_answers_total")
+    )
+
+
+@pytest.mark.parametrize(
+    ("door", "address", "path"),
+    [
+        # The lean door takes a plain prepare; a query string sends the same call to Django
+        # (the positive control: DRF's request has always carried REMOTE_ADDR).
+        ("lean", "127.0.0.2", "/api/v1/transactions"),
+        ("django", "127.0.0.3", "/api/v1/transactions?door=django"),
+    ],
+)
+def test_failed_authentications_are_counted_per_address_at_both_doors(
+    one_web_process: tuple[int, str], door: str, address: str, path: str
+) -> None:
+    port, good = one_web_process
+    lean_before = _lean_answers(port)
+    started = time.monotonic()
+    for _ in range(BUDGET):
+        status, _, _ = _post_from(address, port, path, "txh_" + secrets.token_urlsafe(32))
+        assert status == 401
+    assert (_lean_answers(port) > lean_before) is (door == "lean")  # which door answered
+    status, headers, body = _post_from(address, port, path, "txh_" + secrets.token_urlsafe(32))
+    elapsed = time.monotonic() - started
+    assert status == 429, body
+    assert headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["code"] == "throttled"
+    # Rounded up, at both doors (errors.retry_after_seconds): what is left of the minute since
+    # the first failure is more than 60 - elapsed, and a client that waits Retry-After seconds
+    # is past it (rounded down, it would be refused again).
+    retry_after = int(headers["retry-after"])
+    assert retry_after == error["details"]["retry_after"]
+    assert 60 - elapsed <= retry_after <= 60
+    assert HalfMessage.objects.count() == 0
+    # A token the process knows as good is served from that address; another address is not
+    # throttled.
+    assert _post_from("127.0.0.4", port, path, good)[0] == 201
+    assert _post_from(address, port, path, good)[0] == 201
+
+
+@pytest.mark.parametrize(
+    ("wait", "seconds"), [(None, 1), (0.0, 1), (0.2, 1), (1.0, 1), (59.01, 60), (59.99, 60)]
+)
+def test_retry_after_is_whole_seconds_rounded_up_and_at_least_one(
+    wait: float | None, seconds: int
+) -> None:
+    assert retry_after_seconds(wait) == seconds

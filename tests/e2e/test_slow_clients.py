@@ -1,8 +1,12 @@
 """Slow and greedy clients through a real server as `make run` starts it (issue 24, item 3;
 docs/decisions/0033): connections that never finish a request are closed at the read deadline
-while producers keep being served, a head too large is 431, and past the connection limit new
+while producers keep being served, a head too large is 431 (however it arrives: trickled or in
+one read, a long URL or long headers), a request that is not HTTP is 400, each in the API's JSON
+error format, and past the connection limit new
 requests are answered 503 until the slow ones are gone."""
 
+import contextlib
+import json
 import resource
 import selectors
 import signal
@@ -143,11 +147,70 @@ def test_a_request_head_over_the_limit_is_431(web: Any) -> None:
             pass
         answer = sock.recv(4096)
     assert answer.startswith(b"HTTP/1.1 431"), answer
+    assert b"content-type: application/json" in answer
     # The positive control: a head within the limit is served.
     ok = requests.get(
         f"http://127.0.0.1:{port}/healthz", headers={"X-Padding": "p" * 30_000}, timeout=10
     )
     assert ok.status_code == 200
+
+
+def raw_answer(port: int, request: bytes) -> tuple[bytes, dict[str, str], dict[str, Any]]:
+    """Sends `request` in one write; the status line, headers and JSON body of the answer."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(10)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
+        answer = b""
+        # The server closes with some of the request unread: its RST may end the read early.
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    return status.encode(), headers, json.loads(body)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"p" * 70_000 + b"\r\n\r\n",
+        b"GET /api/v1/transactions?" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /api/v1/transactions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
+        + b"X-Padding: "
+        + b"p" * 70_000
+        + b"\r\n\r\n{}",
+    ],
+    ids=["long-header", "long-url", "long-header-with-a-body"],
+)
+def test_a_head_over_the_limit_in_one_read_is_a_json_431(web: Any, request_bytes: bytes) -> None:
+    port, headers = web
+    status, answer_headers, body = raw_answer(port, request_bytes)
+    assert status.startswith(b"HTTP/1.1 431"), status
+    assert answer_headers["content-type"] == "application/json"
+    assert answer_headers["connection"] == "close"
+    assert body["error"]["code"] == "headers_too_large"
+    # The positive control: the same in a head within the limit, and a body past it is no head.
+    ok = requests.get(
+        f"http://127.0.0.1:{port}/healthz", headers={"X-Padding": "p" * 60_000}, timeout=10
+    )
+    assert ok.status_code == 200
+    assert prepare_and_commit(port, headers) == (201, 200)
+    big_body = requests.post(
+        f"http://127.0.0.1:{port}/api/v1/transactions",
+        json={"producer_group": "shop", "topic": "orders", "body": "x" * 200_000},
+        headers=headers,
+        timeout=10,
+    )
+    assert big_body.status_code == 201
+
+
+def test_a_request_that_is_not_http_is_a_json_400(web: Any) -> None:
+    status, answer_headers, body = raw_answer(web[0], b"NOT HTTP AT ALL\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400"), status
+    assert answer_headers["content-type"] == "application/json"
+    assert body["error"]["code"] == "invalid_request"
 
 
 def test_past_the_connection_limit_requests_are_503_until_the_slow_ones_are_gone(

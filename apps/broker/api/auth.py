@@ -1,6 +1,8 @@
 """The REST door's credentials: a bearer token, hashed and handed to the access module, whose
 principal becomes `request.user` (docs/decisions/0046). Its refusals in DRF's terms: 401, 429."""
 
+from typing import Any
+
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
@@ -31,6 +33,13 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="txhub"'
+
+
+def client_address(scope: Any) -> str:
+    """The client's address as every door reads it from the ASGI scope (Django's REMOTE_ADDR
+    is the same value): failed authentications are counted per address (decision 0038)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
 
 
 def bearer_of(authorization: bytes) -> str | None:

@@ -7,7 +7,12 @@ import math
 from itertools import islice
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import (
+    DisallowedHost,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
@@ -17,14 +22,23 @@ from apps.broker.services.errors import BrokerError
 
 logger = logging.getLogger(__name__)
 
+# One code per status. The contract's own list, and for the statuses it is silent on the codes
+# DRF itself names them by (405, 406, 415) and the web server's read limits (408, 431), so that
+# invalid_request always means 400 (docs/api.md "Errors").
 CODES = {
     400: "invalid_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
+    415: "unsupported_media_type",
     429: "throttled",
+    431: "headers_too_large",
+    500: "internal_error",
     503: "unavailable",
 }
 
@@ -107,6 +121,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return None  # anything else is a bug: Django's 500 handler answers in our format
 
 
+def retry_after_seconds(wait: float | None) -> int:
+    """Retry-After for a throttled answer, at every door: whole seconds rounded up, at least 1
+    (RFC 9110 delay-seconds; a client that waits what it is told is not refused again)."""
+    return max(1, math.ceil(wait or 1))
+
+
 def _api_exception(exc: exceptions.APIException) -> Response:
     code = CODES.get(exc.status_code, "invalid_request")
     details: dict[str, Any] = {}
@@ -119,14 +139,43 @@ def _api_exception(exc: exceptions.APIException) -> Response:
         message = str(exc.detail)
     headers = {}
     if isinstance(exc, exceptions.Throttled):
-        # Whole seconds, at least 1 (RFC 9110 delay-seconds); DRF's own handler would set it.
-        retry_after = max(1, math.ceil(getattr(exc, "wait", None) or 1))
+        retry_after = retry_after_seconds(getattr(exc, "wait", None))
         details = {"retry_after": retry_after}
         headers["Retry-After"] = str(retry_after)
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         code, exc.status_code = "unauthenticated", 401
         headers["WWW-Authenticate"] = 'Bearer realm="txhub"'
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
+
+
+def _suspicious(exception: Exception) -> tuple[int, str]:
+    """Status and message for a request Django refused before any view (SuspiciousOperation:
+    handler400), without echoing what was refused (a Host header, a parameter)."""
+    if isinstance(exception, DisallowedHost):
+        return 400, "The Host header names a host this server does not answer for."
+    if isinstance(exception, TooManyFieldsSent | TooManyFilesSent):
+        return 400, "The request has too many parameters."
+    if isinstance(exception, RequestDataTooBig):
+        return 413, "The request body is too large: a message body has at most 4 MiB."
+    return 400, "The request is malformed."
+
+
+def handler400(request: HttpRequest, exception: Exception) -> Any:
+    if request.path.startswith("/api/"):
+        status_code, message = _suspicious(exception)
+        return JsonResponse(error_body(CODES[status_code], message), status=status_code)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception) -> Any:
+    if request.path.startswith("/api/"):
+        message = "You do not have permission to perform this action."
+        return JsonResponse(error_body("forbidden", message), status=403)
+    from django.views.defaults import permission_denied
+
+    return permission_denied(request, exception)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
@@ -140,7 +189,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
 def handler500(request: HttpRequest) -> Any:
     if request.path.startswith("/api/"):
         return JsonResponse(
-            error_body("internal_error", "Something went wrong on our side; it is logged."),
+            error_body(CODES[500], "Something went wrong on our side; it is logged."),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     from django.views.defaults import server_error

@@ -50,11 +50,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.broker import metrics
-from apps.broker.api import batch_views, long_poll, views
+from apps.broker.api import auth, batch_views, long_poll, views
 from apps.broker.api import urls as api_urls
 from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.api.parsers import LimitedJSONParser
 from apps.broker.services.consuming import WaitPlan
+from apps.broker.services.errors import BrokerError
 
 # Where Django logs a request's unhandled exception (its 500s): the same logger for both doors.
 _request_logger = logging.getLogger("django.request")
@@ -197,6 +198,8 @@ def take(scope: dict[str, Any], body: bytes) -> Call | None:
     meta: dict[str, Any] = {
         "CONTENT_LENGTH": str(len(body)),
         "HTTP_AUTHORIZATION": headers["authorization"],
+        # As Django's request has it: the authenticator counts failures per address (0038).
+        "REMOTE_ADDR": auth.client_address(scope),
         long_poll.WAIT_OUTSIDE: True,
     }
     request = LeanRequest(
@@ -261,7 +264,7 @@ def _parsed(body: bytes) -> dict[str, Any] | None:
         return {}
     try:
         data = _parser.parse(io.BytesIO(body), "application/json", None)
-    except (exceptions.ParseError, ValueError):
+    except (exceptions.ParseError, BrokerError, ValueError):  # BrokerError: a repeated key
         return None
     return cast(dict[str, Any], data)
 

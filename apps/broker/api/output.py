@@ -9,6 +9,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import serializers
 from rest_framework.fields import SkipField
 
+from apps.broker.api.errors import CODES
 from apps.broker.models import (
     CommitLogEntry,
     ConsumerGroup,
@@ -376,7 +377,11 @@ class ReconciliationRunDetailOut(ReconciliationRunOut):
 
 
 class ErrorInnerOut(serializers.Serializer[Any]):
-    code = serializers.CharField()
+    code = serializers.CharField(
+        help_text="One per HTTP status (409 has two): "
+        + ", ".join(f"{code} ({status})" for status, code in CODES.items())
+        + ", transaction_resolved (409)."
+    )
     message = serializers.CharField()
     details = serializers.DictField()
 

@@ -24,7 +24,7 @@ from apps.broker import access, limits, selectors, waiting
 from apps.broker.api import long_poll, output
 from apps.broker.api import serializers as inputs
 from apps.broker.api.auth import TokenUser, require, require_admin
-from apps.broker.api.parsers import content_length
+from apps.broker.api.parsers import content_length, single_valued
 from apps.broker.models import ConsumerGroup, Door, ProducerGroup, Resolver
 from apps.broker.services import (
     consuming,
@@ -147,7 +147,8 @@ class Pagination(PageNumberPagination):
         # (even a nameless `?=`): a 400 here, like any input. A view that validates query
         # parameters of its own names them in `query_fields`.
         own: frozenset[str] = getattr(view, "query_fields", frozenset())
-        validated(inputs.PageIn, {k: v for k, v in request.query_params.items() if k not in own})
+        query = single_valued(request.query_params)
+        validated(inputs.PageIn, {k: v for k, v in query.items() if k not in own})
         return super().paginate_queryset(queryset, request, view)
 
 
@@ -251,7 +252,7 @@ class TransactionListView(APIView):
         responses={200: output.TransactionDetailOut(many=True)},
     )
     def get(self, request: Request) -> Response:
-        data = validated(inputs.TransactionListIn, request.query_params.dict())
+        data = validated(inputs.TransactionListIn, single_valued(request.query_params))
         groups = token_user(request).groups("produce")
         if "producer_group" in data:
             require(request, "produce", data["producer_group"])

@@ -227,6 +227,8 @@ def message_send(
                 return earlier
         else:
             stored_id = msg_id
+        if failpoints.ARMED:
+            failpoints.hit("after_msg_id_check")
         try:
             [sent] = message_send_batch(
                 topic=topic, messages=[(message, deliver_at)], msg_ids=[stored_id]

@@ -103,6 +103,8 @@ def transaction_prepare(
                 return earlier
         else:
             stored_id = msg_id
+        if failpoints.ARMED:
+            failpoints.hit("after_msg_id_check")
         item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, stored_id)
         try:
             [half] = transaction_prepare_batch(

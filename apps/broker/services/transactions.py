@@ -33,7 +33,7 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services import committing, half_rows
-from apps.broker.services.client_ids import held, stored_id_for
+from apps.broker.services.client_ids import claim_sql, held, ids_args, stored_id_for
 from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
     OutgoingMessage,
@@ -112,8 +112,9 @@ def transaction_prepare(
             )
             return half
         except IntegrityError:
-            # A concurrent retry stored it first (unique msg_id): answer what it stored; or
-            # another group took the id meanwhile: this group's message takes its scoped id.
+            # The id is held after all (the claim, client_ids.claim_sql): a concurrent retry
+            # stored it first, answer what it stored; or another group took it meanwhile, this
+            # group's message takes its scoped id.
             continue
     raise Conflict(f"Message id {msg_id} is in use.")
 
@@ -171,7 +172,7 @@ def transaction_prepare_batch(
                 deliver_at=item.deliver_at,
             )
         )
-    _insert_prepared(halves, actor, now)
+    _insert_prepared(halves, actor, now, claim=[i.msg_id for i in items if i.msg_id])
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_half_insert")
     return halves
@@ -190,7 +191,7 @@ _PREPARED_ROW = (
 PREPARE_SQL = """
 WITH m(msg_id, queue_id, tags, keys, properties, body, body_is_binary, transaction_id, immunity,
     next_check_at, delay_seconds, deliver_at, message_group) AS (VALUES {rows}),
-half AS (
+{claim}half AS (
     INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body,
         body_is_binary, born_at, transaction_id, producer_group_id, topic_id, state, check_times,
         check_immunity_seconds, next_check_at, checking_until, unreachable_checks, delay_seconds,
@@ -198,7 +199,7 @@ half AS (
     SELECT m.msg_id, m.queue_id, m.tags, m.keys, m.properties, m.body, m.body_is_binary,
         %s::timestamptz, m.transaction_id, %s::bigint, %s::bigint, %s::varchar, 0, m.immunity,
         m.next_check_at, NULL, 0, m.delay_seconds, m.deliver_at, NULL, '', m.message_group
-    FROM m
+    FROM m WHERE {claimed}
     RETURNING id, msg_id
 ),
 op AS (
@@ -209,7 +210,10 @@ SELECT id, msg_id FROM half
 """
 
 
-def _insert_prepared(halves: list[HalfMessage], actor: Actor, now: datetime) -> None:
+def _insert_prepared(
+    halves: list[HalfMessage], actor: Actor, now: datetime, claim: list[str]
+) -> None:
+    """`claim`: the client-chosen ids among them, claimed by the statement (client_ids)."""
     first = halves[0]
     params: list[Any] = []
     for h in halves:
@@ -228,13 +232,15 @@ def _insert_prepared(halves: list[HalfMessage], actor: Actor, now: datetime) -> 
             h.deliver_at,
             h.message_group,
         )
-    params += (now, first.producer_group_id, first.topic_id, TransactionState.PREPARED)
+    params += [*claim, now, first.producer_group_id, first.topic_id, TransactionState.PREPARED]
     params += (OpKind.PREPARE, actor.source, actor.name, now)
     # Inside a caller's transaction, a savepoint: a duplicate msg_id (IntegrityError, answered
     # by transaction_prepare's retry) must not abort the caller's transaction.
     nested = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
     with nested, connection.cursor() as cursor:
-        cursor.execute(PREPARE_SQL.format(rows=", ".join([_PREPARED_ROW] * len(halves))), params)
+        rows = ", ".join([_PREPARED_ROW] * len(halves))
+        parts = claim_sql(ids_args(len(claim)) if claim else None)
+        cursor.execute(PREPARE_SQL.format(rows=rows, **parts), params)
         ids = dict((msg_id, pk) for pk, msg_id in cursor.fetchall())
     for half in halves:
         half.pk = ids[half.msg_id]

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import TypeVar
+from functools import partial
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -28,7 +29,6 @@ from apps.broker.services.client_ids import scoped_id
 from apps.broker.services.sending import OutgoingMessage, Sent, message_send
 from tests.support.transactions import PRODUCER, make_group
 
-T = TypeVar("T")
 ROUNDS = 3
 TABLES = (CommitLogEntry, DelayedMessage, HalfMessage, RecalledMessage)
 
@@ -42,12 +42,12 @@ def window(monkeypatch: pytest.MonkeyPatch) -> None:
     return
 
 
-def race(*works: Callable[[], T]) -> list[T]:
+def race(*works: Callable[[], Any]) -> list[Any]:
     """Runs `works` in threads of their own (each its own connection), released together; their
     results in order. An exception in a thread is raised here by `result()`."""
     barrier = threading.Barrier(len(works))
 
-    def run(work: Callable[[], T]) -> T:
+    def run(work: Callable[[], Any]) -> Any:
         try:
             barrier.wait(timeout=30)
             return work()
@@ -94,8 +94,8 @@ def test_a_delayed_and_an_immediate_send_of_one_client_id_store_it_once(
     ids = [f"01C0FFEE{round_no:024X}" for round_no in range(ROUNDS)]
     for msg_id in ids:
         delayed, immediate = race(
-            lambda msg_id=msg_id: send(topic, group.name, msg_id, later),
-            lambda msg_id=msg_id: send(topic, group.name, msg_id, None),
+            partial(send, topic, group.name, msg_id, later),
+            partial(send, topic, group.name, msg_id, None),
         )
         assert len(holders(msg_id)) == 1, holders(msg_id)
         assert delayed == immediate  # the loser answers what the winner stored
@@ -125,7 +125,9 @@ def test_a_prepare_and_another_groups_send_of_one_client_id_each_store_under_the
                 msg_id=msg_id,
             )
 
-        half, sent = race(prepare, lambda msg_id=msg_id: send(topic, group_b.name, msg_id, None))
+        half, sent = race(prepare, partial(send, topic, group_b.name, msg_id, None))
+        assert isinstance(half, HalfMessage)
+        assert isinstance(sent, Sent)
         answered = {half.msg_id, sent.msg_id}
         scoped = {
             scoped_id(client_id=msg_id, producer_group=group.name) for group in (group_a, group_b)

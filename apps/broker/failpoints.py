@@ -20,6 +20,7 @@ from dataclasses import dataclass
 SITES = frozenset(
     {
         "after_half_insert",
+        "after_msg_id_check",
         "after_send_before_answer",
         "after_commit_before_answer",
         "after_ack_before_answer",

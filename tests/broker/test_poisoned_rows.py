@@ -19,7 +19,8 @@ from apps.broker.models import (
     Delivery,
     HalfMessage,
 )
-from apps.broker.services import checkback, consuming, dead_letters, delivery, registry
+from apps.broker.services import checkback, consuming, dead_letters, delivery, registry, sending
+from apps.broker.services.sending import OutgoingMessage
 from tests.support.responses import expect
 from tests.support.transactions import PRODUCER, make_group, prepare
 
@@ -168,3 +169,51 @@ def test_retention_deletes_a_poisoned_row_like_any_other(db: None) -> None:
     assert delivery.retention_sweep() == {"half_messages": 2, "commit_log": 2}
     assert not HalfMessage.objects.exists()
     assert not CommitLogEntry.objects.exists()
+
+
+def test_delayed_delivery_delivers_the_others_beside_a_row_whose_id_is_taken(
+    db: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A due delayed row whose id another message already holds in the commit log (what the
+    race of two sends of one client id left behind before the claim, decision 0040) cannot be
+    appended (unique msg_id): it is logged, counted and skipped, and the other group's message
+    due after it, in the same queue and so the same append, is delivered at the next offset."""
+    topic = registry.topic_create(name="orders", queues=1)
+    squatter, other = make_group(name="squatter"), make_group(name="other")
+    later = timezone.now() + timedelta(hours=1)
+
+    def outgoing(group: Any, body: str) -> OutgoingMessage:
+        return OutgoingMessage(producer_group=group.name, body=body.encode(), body_is_binary=False)
+
+    sending.message_send(
+        topic=topic, message=outgoing(squatter, "taken"), deliver_at=later, msg_id="01TAKEN"
+    )
+    fine = sending.message_send(topic=topic, message=outgoing(other, "fine"), deliver_at=later)
+    visible = sending.message_send(topic=topic, message=outgoing(other, "visible"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE broker_commitlogentry SET msg_id = %s WHERE msg_id = %s",
+            ["01TAKEN", visible.msg_id],
+        )
+    now = timezone.now()
+    DelayedMessage.objects.filter(msg_id="01TAKEN").update(deliver_at=now - timedelta(seconds=2))
+    DelayedMessage.objects.filter(msg_id=fine.msg_id).update(deliver_at=now - timedelta(seconds=1))
+    bad = DelayedMessage.objects.get(msg_id="01TAKEN").pk
+    before = failed("delayed_delivery")
+
+    assert delivery.delayed_deliver_due() == 1
+    assert list(CommitLogEntry.objects.order_by("queue_offset").values_list("msg_id")) == [
+        ("01TAKEN",),
+        (fine.msg_id,),
+    ]
+    assert list(CommitLogEntry.objects.values_list("queue_offset", flat=True).order_by("pk")) == [
+        0,
+        1,
+    ]  # dense: the failed append took no offset
+    assert list(DelayedMessage.objects.values_list("pk", flat=True)) == [bad]
+    assert logged(caplog, "delayed_delivery", bad) == 1
+    assert failed("delayed_delivery") == before + 1
+    # Skipped from now on: the next scans neither fail on it nor report it again.
+    assert delivery.delayed_deliver_for(seconds=0.2) == 0
+    assert logged(caplog, "delayed_delivery", bad) == 1
+    assert failed("delayed_delivery") == before + 1

@@ -82,12 +82,13 @@ def holding(sql: str, params: list[Any]) -> Iterator[None]:
 
 
 def waiting_on_a_lock(fragment: str) -> bool:
-    """Whether a backend is waiting for a lock while running a statement containing
-    `fragment` (the other side has reached the lock the test holds)."""
+    """Whether a backend of this test's database is waiting for a lock while running a
+    statement containing `fragment` (the other side has reached the lock the test holds).
+    Another test process's backends, on its own database, are waiting for locks of their own."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            "AND datname = current_database() AND query LIKE %s AND pid <> pg_backend_pid()",
             [f"%{fragment}%"],
         )
         row = cursor.fetchone()

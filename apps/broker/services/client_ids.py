@@ -10,8 +10,6 @@ in turn. The producer is answered with the id its message was stored under, and 
 answer says that another group used the id.
 """
 
-from functools import cache
-
 from django.db import connection
 from django.utils.crypto import salted_hmac
 
@@ -29,23 +27,52 @@ def stored_id_for(*, client_id: str, producer_group: str) -> str:
     return scoped_id(client_id=client_id, producer_group=producer_group)
 
 
-@cache
-def _held_sql() -> str:
-    tables = [model._meta.db_table for model in (CommitLogEntry, DelayedMessage, HalfMessage)]
-    # Our own tables' names, no input: nothing to inject.
-    exists = [f'EXISTS (SELECT 1 FROM "{table}" WHERE msg_id = %s)' for table in tables]  # noqa: S608
-    return "SELECT " + " OR ".join(exists)
-
-
 def held(msg_id: str) -> bool:
     """Whether any message (a half message, a delayed message or a commit-log entry) is stored
     under `msg_id`: one plain statement. A fresh id, a client's every first send, is stored as
     it is and has no earlier message, so the sends and prepares ask this first and skip the
-    lookups below, seven ORM queries (docs/decisions/0052)."""
+    lookups below, seven ORM queries (docs/decisions/0052). Only a hint: what decides is the
+    claim of the statement that stores the id (claim_sql)."""
     with connection.cursor() as cursor:
-        cursor.execute(_held_sql(), [msg_id] * 3)
+        # The tables that store a message under its id: one SQL function (decision 0074).
+        cursor.execute("SELECT broker_msg_id_held(%s)", [msg_id])
         row = cursor.fetchone()
     return bool(row and row[0])
+
+
+# Each table's msg_id is unique on its own, so nothing but a claim keeps two messages from taking
+# one id in two tables (a delayed and an immediate send of one client id, or another group's
+# prepare and send, at once: decision 0040's rules assume an id has one holder). A statement
+# that stores client-chosen ids claims them first, in its own transaction: broker_msg_ids_claim
+# takes an advisory lock per id, held to the end of the transaction, then checks the tables in
+# a fresh snapshot and raises unique_violation (IntegrityError) when one holds an id. Lock: two
+# stores of one id are serialised, so the second sees the first's row and fails as a duplicate
+# insert would, and its caller answers or re-scopes as for one (sending.message_send).
+#
+# claim_sql gives a statement its {claim}, a CTE (with its comma) to place among its CTEs, and its
+# {claimed}, the condition that makes it store nothing before the claim was granted: an InitPlan,
+# evaluated once before the scan it gates, so before any row or queue lock the statement takes.
+def claim_sql(ids_args: str | None) -> dict[str, str]:
+    """The parts that claim the ids `ids_args` names (the function's arguments: one scalar
+    parameter per id, or VARIADIC and an array); None: no claim (no parts)."""
+    if ids_args is None:
+        return {"claim": "", "claimed": "true"}
+    return {
+        "claim": f"claim AS MATERIALIZED (SELECT broker_msg_ids_claim({ids_args}) AS ok),\n",
+        "claimed": "(SELECT ok FROM claim)",
+    }
+
+
+def ids_args(n: int) -> str:
+    # Scalar parameters, each typed: a list would cost psycopg a type search per call.
+    return ", ".join(["%s::varchar"] * n)
+
+
+def claim_ids(msg_ids: list[str]) -> None:
+    """Claims `msg_ids` for the caller's transaction (see claim_sql): IntegrityError when one is
+    held. Call inside the transaction that stores them, before its first lock of a queue row."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT broker_msg_ids_claim({ids_args(len(msg_ids))})", msg_ids)
 
 
 def scoped_id(*, client_id: str, producer_group: str) -> str:

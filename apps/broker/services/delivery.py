@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from itertools import groupby
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -80,21 +80,15 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
         # same order, so two scans cannot deadlock on them. One append per queue.
         now = timezone.now()
         ordered = sorted(due, key=lambda d: (d.topic_id, d.queue_id, d.deliver_at))
-        for (topic_id, queue_id), of_queue in groupby(ordered, key=_queue_of):
-            commit_log_append(
-                topic_id=topic_id,
-                queue_id=queue_id,
-                entries=[
-                    Appended(
-                        d.msg_id,
-                        OutgoingMessage.of(d, d.producer_group),
-                        d.born_at,
-                        d.transaction_id,
-                    )
-                    for d in of_queue
-                ],
-                now=now,
-            )
+        try:
+            with transaction.atomic():
+                for _, of_queue in groupby(ordered, key=_queue_of):
+                    _append(list(of_queue), now)
+        except IntegrityError:
+            # One of them cannot be appended: its id is in the commit log already (a message
+            # stored before ids were claimed, client_ids.claim_sql). Row by row, each in a
+            # savepoint; the bad one is reported and skipped, the others go (scans.py).
+            due = [d for d in ordered if _appended_alone(d, now)]
         DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
         moved_at = timezone.now()
         lateness = [(moved_at - d.deliver_at).total_seconds() for d in due]
@@ -104,6 +98,29 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
 
 def _queue_of(delayed: DelayedMessage) -> tuple[int, int]:
     return delayed.topic_id, delayed.queue_id
+
+
+def _append(of_queue: list[DelayedMessage], now: datetime) -> None:
+    """Appends delayed messages of one queue to the commit log, in this order."""
+    commit_log_append(
+        topic_id=of_queue[0].topic_id,
+        queue_id=of_queue[0].queue_id,
+        entries=[
+            Appended(d.msg_id, OutgoingMessage.of(d, d.producer_group), d.born_at, d.transaction_id)
+            for d in of_queue
+        ],
+        now=now,
+    )
+
+
+def _appended_alone(delayed: DelayedMessage, now: datetime) -> bool:
+    try:
+        with transaction.atomic():
+            _append([delayed], now)
+    except IntegrityError as error:
+        scans.row_failed("delayed_delivery", delayed.pk, error)
+        return False
+    return True
 
 
 def seconds_until_next_due() -> float | None:

@@ -20,7 +20,7 @@ from apps.broker.models import (
     Topic,
     new_msg_id,
 )
-from apps.broker.services.client_ids import held, stored_id_for
+from apps.broker.services.client_ids import claim_ids, claim_sql, held, stored_id_for
 from apps.broker.services.errors import Conflict
 
 
@@ -149,6 +149,12 @@ APPEND_SQL = f"""
 WITH queue AS ({take_offsets()})
 {append_entries(messages=_GIVEN_MESSAGES, returning="msg_id, queue_offset")}
 """
+# The same, for client-chosen ids: claimed before the queue row is taken (client_ids.claim_sql).
+_CLAIM = claim_sql("VARIADIC %(msg_ids)s::varchar[]")
+CLAIMED_APPEND_SQL = f"""
+WITH {_CLAIM["claim"]}queue AS ({take_offsets(where=f"{GIVEN_QUEUE} AND {_CLAIM['claimed']}")})
+{append_entries(messages=_GIVEN_MESSAGES, returning="msg_id, queue_offset")}
+"""
 
 
 @dataclass(frozen=True)
@@ -163,13 +169,14 @@ class Appended:
 
 
 def commit_log_append(
-    *, topic_id: int, queue_id: int, entries: list[Appended], now: datetime
+    *, topic_id: int, queue_id: int, entries: list[Appended], now: datetime, claim: bool = False
 ) -> list[int]:
     """The queue offsets of `entries`, appended to one queue in this order, stored at `now`.
-    Inside a caller's transaction, the queue row stays locked until it commits."""
+    Inside a caller's transaction, the queue row stays locked until it commits. `claim`: their
+    ids are client-chosen, claimed by the same statement (IntegrityError when one is held)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            APPEND_SQL,
+            CLAIMED_APPEND_SQL if claim else APPEND_SQL,
             {
                 "n": len(entries),
                 "topic_id": topic_id,
@@ -227,14 +234,17 @@ def message_send(
                 return earlier
         else:
             stored_id = msg_id
+        if failpoints.ARMED:
+            failpoints.hit("after_msg_id_check")
         try:
             [sent] = message_send_batch(
                 topic=topic, messages=[(message, deliver_at)], msg_ids=[stored_id]
             )
             return sent
         except IntegrityError:
-            # A concurrent retry stored it first (unique msg_id): answer what it stored; or
-            # another group took the id meanwhile: this group's message takes its scoped id.
+            # The id is held after all (the claim, client_ids.claim_sql): a concurrent retry
+            # stored it first, answer what it stored; or another group took it meanwhile, this
+            # group's message takes its scoped id.
             continue
     raise Conflict(f"Message id {msg_id} is in use.")
 
@@ -306,6 +316,9 @@ def message_send_batch(
     Appended in queue order: each queue's offset row stays locked until the commit, and two
     batches (or a batch and a producer's commit) that take queue locks in the same order cannot
     deadlock. Offsets within a queue follow the order of the batch."""
+    # Ids the caller gives are client-chosen (or scoped from one) and must be claimed; ours are
+    # random (128 bits) and need no claim (client_ids.claim_sql).
+    claimed = msg_ids is not None
     msg_ids = msg_ids or [new_msg_id() for _ in messages]
     queues = [
         queue_for(topic=topic, msg_id=msg_id, message_group=message.message_group)
@@ -323,6 +336,8 @@ def message_send_batch(
     single = len(visible) == 1 and sum(map(len, visible.values())) == len(messages)
     alone = single and not connection.in_atomic_block
     with contextlib.nullcontext() if alone else transaction.atomic():
+        if claimed and not alone:  # alone, the append's own statement claims them
+            claim_ids(msg_ids)
         for i, (message, deliver_at) in enumerate(messages):
             if deliver_at is not None:
                 delayed_store(
@@ -343,6 +358,7 @@ def message_send_batch(
                 queue_id=queue_id,
                 entries=[Appended(msg_ids[i], messages[i][0], now) for i in indexes],
                 now=now,
+                claim=claimed and alone,
             )
             for i, offset in zip(indexes, offsets, strict=True):
                 group = messages[i][0].message_group

@@ -5,8 +5,6 @@ Celery), locks the half message's row first (half_rows.lock, or the plain commit
 and writes through `_apply`, or the commit statements of committing.py.
 """
 
-import contextlib
-import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ from apps.broker.models import (
     TransactionState,
     new_msg_id,
 )
-from apps.broker.services import committing, half_rows
+from apps.broker.services import committing, half_rows, prepare_rows
 from apps.broker.services.client_ids import held, stored_id_for
 from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
@@ -103,6 +101,8 @@ def transaction_prepare(
                 return earlier
         else:
             stored_id = msg_id
+        if failpoints.ARMED:
+            failpoints.hit("after_msg_id_check")
         item = Prepared(message, check_immunity_seconds, delay_level, deliver_at, stored_id)
         try:
             [half] = transaction_prepare_batch(
@@ -110,8 +110,9 @@ def transaction_prepare(
             )
             return half
         except IntegrityError:
-            # A concurrent retry stored it first (unique msg_id): answer what it stored; or
-            # another group took the id meanwhile: this group's message takes its scoped id.
+            # The id is held after all (the claim, client_ids.claim_sql): a concurrent retry
+            # stored it first, answer what it stored; or another group took it meanwhile, this
+            # group's message takes its scoped id.
             continue
     raise Conflict(f"Message id {msg_id} is in use.")
 
@@ -169,74 +170,12 @@ def transaction_prepare_batch(
                 deliver_at=item.deliver_at,
             )
         )
-    _insert_prepared(halves, actor, now)
+    prepare_rows.insert_prepared(
+        halves, actor.source, actor.name, now, claim=[i.msg_id for i in items if i.msg_id]
+    )
     if failpoints.ARMED:
         failpoints.hit_after_commit("after_half_insert")
     return halves
-
-
-# Every half message of a prepare (one or a batch of 64) and its PREPARE op, in one statement:
-# one round trip, atomic without a transaction block of its own, and none of the ORM's per-row
-# work (decision 0025). Composed of constants only.
-# One row of PREPARE_SQL's VALUES per half message: scalar parameters, each typed here (arrays
-# through unnest() would cost psycopg a type search per list and per request).
-_PREPARED_ROW = (
-    "(%s::varchar, %s::int, %s::varchar, %s::jsonb, %s::jsonb, %s::bytea, %s::bool, %s::uuid, "
-    "%s::int, %s::timestamptz, %s::int, %s::timestamptz, %s::varchar)"
-)
-
-PREPARE_SQL = """
-WITH m(msg_id, queue_id, tags, keys, properties, body, body_is_binary, transaction_id, immunity,
-    next_check_at, delay_seconds, deliver_at, message_group) AS (VALUES {rows}),
-half AS (
-    INSERT INTO broker_halfmessage (msg_id, queue_id, tags, keys, properties, body,
-        body_is_binary, born_at, transaction_id, producer_group_id, topic_id, state, check_times,
-        check_immunity_seconds, next_check_at, checking_until, unreachable_checks, delay_seconds,
-        deliver_at, resolved_at, resolved_by, message_group)
-    SELECT m.msg_id, m.queue_id, m.tags, m.keys, m.properties, m.body, m.body_is_binary,
-        %s::timestamptz, m.transaction_id, %s::bigint, %s::bigint, %s::varchar, 0, m.immunity,
-        m.next_check_at, NULL, 0, m.delay_seconds, m.deliver_at, NULL, '', m.message_group
-    FROM m
-    RETURNING id, msg_id
-),
-op AS (
-    INSERT INTO broker_oprecord (half_id, op, source, actor, reason, detail, at)
-    SELECT id, %s, %s, %s, '', '{{}}'::jsonb, %s::timestamptz FROM half
-)
-SELECT id, msg_id FROM half
-"""
-
-
-def _insert_prepared(halves: list[HalfMessage], actor: Actor, now: datetime) -> None:
-    first = halves[0]
-    params: list[Any] = []
-    for h in halves:
-        params += (
-            h.msg_id,
-            h.queue_id,
-            h.tags,
-            json.dumps(h.keys),
-            json.dumps(h.properties),
-            bytes(h.body),
-            h.body_is_binary,
-            h.transaction_id,
-            h.check_immunity_seconds,
-            h.next_check_at,
-            h.delay_seconds,
-            h.deliver_at,
-            h.message_group,
-        )
-    params += (now, first.producer_group_id, first.topic_id, TransactionState.PREPARED)
-    params += (OpKind.PREPARE, actor.source, actor.name, now)
-    # Inside a caller's transaction, a savepoint: a duplicate msg_id (IntegrityError, answered
-    # by transaction_prepare's retry) must not abort the caller's transaction.
-    nested = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
-    with nested, connection.cursor() as cursor:
-        cursor.execute(PREPARE_SQL.format(rows=", ".join([_PREPARED_ROW] * len(halves))), params)
-        ids = dict((msg_id, pk) for pk, msg_id in cursor.fetchall())
-    for half in halves:
-        half.pk = ids[half.msg_id]
-        half._state.adding = False
 
 
 def transaction_commit(

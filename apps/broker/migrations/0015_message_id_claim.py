@@ -5,7 +5,7 @@ stored (services/client_ids.py, docs/decisions/0040)."""
 from django.db import migrations
 
 HELD = """
-CREATE FUNCTION broker_msg_id_held(varchar) RETURNS boolean
+CREATE OR REPLACE FUNCTION broker_msg_id_held(varchar) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT EXISTS (SELECT 1 FROM broker_commitlogentry c WHERE c.msg_id = $1)
         OR EXISTS (SELECT 1 FROM broker_delayedmessage d WHERE d.msg_id = $1)
@@ -17,7 +17,7 @@ $$;
 # sees a message another transaction stored and committed while this one waited for the lock; in
 # the calling statement's own snapshot (taken before the wait) it would be missing.
 CLAIM = """
-CREATE FUNCTION broker_msg_ids_claim(VARIADIC ids varchar[]) RETURNS boolean
+CREATE OR REPLACE FUNCTION broker_msg_ids_claim(VARIADIC ids varchar[]) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     key int;

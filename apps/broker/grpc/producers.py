@@ -92,8 +92,22 @@ def stored(caller: Caller, producer_group: ProducerGroup, checked: list[Checked]
     keeps the services' own single-statement path (docs/decisions/0025)."""
     if len(checked) == 1:
         return [stored_one(caller, producer_group, checked[0])]
+    # Stored in (topic, queue, id) order, the order every appending transaction takes its queue
+    # rows in (sending.message_send_batch, the delayed delivery scan): two batches crossing the
+    # same queues queue up instead of deadlocking. Answered in the order sent.
+    order = sorted(range(len(checked)), key=lambda i: lock_place(checked[i]))
+    entries: list[Any] = [None] * len(checked)
     with transaction.atomic():
-        return [stored_one(caller, producer_group, item) for item in checked]
+        for i in order:
+            entries[i] = stored_one(caller, producer_group, checked[i])
+    return entries
+
+
+def lock_place(item: Checked) -> tuple[int, int, str]:
+    queue = sending.queue_for(
+        topic=item.topic, msg_id=item.msg_id, message_group=item.message.message_group
+    )
+    return (item.topic.pk, queue, item.msg_id)
 
 
 def checked_message(caller: Caller, group: str, message: Any, *, start: datetime) -> Checked:

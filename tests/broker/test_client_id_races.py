@@ -33,18 +33,38 @@ ROUNDS = 3
 TABLES = (CommitLogEntry, DelayedMessage, HalfMessage, RecalledMessage)
 
 
+class Window:
+    """The window between a client id's check and its insert (the failpoint site
+    after_msg_id_check): each racer's first pass waits there until every racer has checked, so
+    all of them found the id free before any stores it. A racer's retry passes at once."""
+
+    def __init__(self) -> None:
+        self.open(1)
+
+    def open(self, racers: int) -> None:
+        self.barrier = threading.Barrier(racers, timeout=20)
+        self.passed: set[int] = set()
+
+    def hit(self, name: str) -> None:
+        if name != "after_msg_id_check" or threading.get_ident() in self.passed:
+            return
+        self.passed.add(threading.get_ident())
+        self.barrier.wait()  # a racer that never comes breaks it: the test fails, not passes
+
+
 @pytest.fixture
-def window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each send or prepare of a client id that it found free waits there, so that two started
-    together have both checked before either stores."""
-    monkeypatch.setattr(failpoints, "_ARMED", failpoints.parse("after_msg_id_check=sleep(0.4)"))
+def window(monkeypatch: pytest.MonkeyPatch) -> Window:
+    held_open = Window()
     monkeypatch.setattr(failpoints, "ARMED", True)
-    return
+    monkeypatch.setattr(failpoints, "hit", held_open.hit)
+    return held_open
 
 
-def race(*works: Callable[[], Any]) -> list[Any]:
-    """Runs `works` in threads of their own (each its own connection), released together; their
-    results in order. An exception in a thread is raised here by `result()`."""
+def race(window: Window, *works: Callable[[], Any]) -> list[Any]:
+    """Runs `works` in threads of their own (each its own connection), released together and held
+    in the window until all have checked; their results in order. An exception in a thread is
+    raised here by `result()`."""
+    window.open(len(works))
     barrier = threading.Barrier(len(works))
 
     def run(work: Callable[[], Any]) -> Any:
@@ -84,7 +104,7 @@ def deliver_everything_delayed() -> int:
 
 
 def test_a_delayed_and_an_immediate_send_of_one_client_id_store_it_once(
-    transactional_db: None, window: None
+    transactional_db: None, window: Window
 ) -> None:
     """The same group sends one id twice at once (a client's retry on another connection), once
     with a delivery time and once without: one message is stored, and both sends answer it."""
@@ -94,6 +114,7 @@ def test_a_delayed_and_an_immediate_send_of_one_client_id_store_it_once(
     ids = [f"01C0FFEE{round_no:024X}" for round_no in range(ROUNDS)]
     for msg_id in ids:
         delayed, immediate = race(
+            window,
             partial(send, topic, group.name, msg_id, later),
             partial(send, topic, group.name, msg_id, None),
         )
@@ -107,7 +128,7 @@ def test_a_delayed_and_an_immediate_send_of_one_client_id_store_it_once(
 
 
 def test_a_prepare_and_another_groups_send_of_one_client_id_each_store_under_their_own(
-    transactional_db: None, window: None
+    transactional_db: None, window: Window
 ) -> None:
     """Group A prepares and group B sends with one client id at once: the id goes to one of them,
     the other's message is stored under its group's scoped id, and A's commit succeeds."""
@@ -125,7 +146,7 @@ def test_a_prepare_and_another_groups_send_of_one_client_id_each_store_under_the
                 msg_id=msg_id,
             )
 
-        half, sent = race(prepare, partial(send, topic, group_b.name, msg_id, None))
+        half, sent = race(window, prepare, partial(send, topic, group_b.name, msg_id, None))
         assert isinstance(half, HalfMessage)
         assert isinstance(sent, Sent)
         answered = {half.msg_id, sent.msg_id}
@@ -146,10 +167,10 @@ def test_a_prepare_and_another_groups_send_of_one_client_id_each_store_under_the
         assert sorted(holders(half.msg_id)) == ["broker_commitlogentry", "broker_halfmessage"]
 
 
-def test_the_window_is_open_without_a_race(transactional_db: None, window: None) -> None:
+def test_the_window_is_open_without_a_race(transactional_db: None, window: Window) -> None:
     """The positive control: a lone send through the armed window stores its id as sent."""
     topic = registry.topic_create(name="orders", queues=1)
     group = make_group(name="shop")
-    [sent] = race(lambda: send(topic, group.name, "01ALONE", None))
+    [sent] = race(window, lambda: send(topic, group.name, "01ALONE", None))
     assert sent.msg_id == "01ALONE"
     assert holders("01ALONE") == ["broker_commitlogentry"]

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.broker import access
+from apps.broker import access, limits
 from apps.broker.api.throttling import Counted, epoch_and_count
 from apps.broker.grpc.protocol import Code, Refusal
 from apps.broker.services import credentials
@@ -77,7 +77,9 @@ def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
         # Never cut: a client id too long for its row is refused where rows are written
         # (services/clients.client_claim), not merged with another that shares its prefix.
         client_id=metadata.get("x-mq-client-id", ""),
-        language=metadata.get("x-mq-language", "")[:32],
-        version=metadata.get("x-mq-client-version", "")[:64],
+        # The headers only describe the client (shown in the console): cut to the widths the
+        # settings' own copies are refused past (limits.check_client).
+        language=metadata.get("x-mq-language", "")[: limits.MAX_CLIENT_LANGUAGE_CHARS],
+        version=metadata.get("x-mq-client-version", "")[: limits.MAX_CLIENT_VERSION_CHARS],
     )
     return caller, counted

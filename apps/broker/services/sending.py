@@ -225,9 +225,11 @@ def message_send(
     if msg_id is None:
         [sent] = message_send_batch(topic=topic, messages=[(message, deliver_at)])
         return sent
-    for _ in range(3):
-        # A fresh id: stored as it is, nothing sent under it before (client_ids.held).
-        if held(msg_id):
+    for attempt in range(4):
+        # First as it is: a fresh id (a client's every first send) is stored by one statement,
+        # whose claim refuses it if anything holds it (decision 0074). Then, or for a held id,
+        # as decision 0040 says: the earlier answer, or this group's scoped id.
+        if attempt and held(msg_id):
             stored_id = stored_id_for(client_id=msg_id, producer_group=message.producer_group)
             earlier = message_by_client_id(msg_id=stored_id, topic=topic, message=message)
             if earlier is not None:

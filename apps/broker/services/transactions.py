@@ -92,9 +92,11 @@ def transaction_prepare(
             producer_group=producer_group, topic=topic, items=[item], actor=actor
         )
         return half
-    for _ in range(3):
-        # A fresh id: stored as it is, nothing prepared under it before (client_ids.held).
-        if held(msg_id):
+    for attempt in range(4):
+        # First as it is: a fresh id (a client's every first send) is stored by one statement,
+        # whose claim refuses it if anything holds it (decision 0074). Then, or for a held id,
+        # as decision 0040 says: the earlier answer, or this group's scoped id.
+        if attempt and held(msg_id):
             stored_id = stored_id_for(client_id=msg_id, producer_group=producer_group.name)
             earlier = _half_by_client_id(stored_id, producer_group, topic)
             if earlier is not None:

@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.services import credentials, registry
 from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import FAST, TEST_BROKER_URL, Celery
 from tests.support import workers
+from tests.support.grpc import Telemetry, signed
 from tests.support.ports import free_port
 
 
@@ -150,3 +153,30 @@ def rocketmq_setup(transactional_db: None) -> Callable[..., Setup]:
         return Setup(topic, producer, consumer, keys["access_key"], keys["secret_key"], token.pk)
 
     return make
+
+
+@pytest.fixture
+def stub(grpc_server: GrpcServer) -> Iterator[Any]:
+    """Raw stubs over a channel of their own to the module's server."""
+    with grpc.insecure_channel(grpc_server.endpoint) as channel:
+        yield MessagingServiceStub(channel)
+
+
+@pytest.fixture
+def streams() -> Iterator[list[Telemetry]]:
+    """Telemetry streams a test opened, closed after it."""
+    opened: list[Telemetry] = []
+    yield opened
+    for stream in opened:
+        stream.close()
+
+
+@pytest.fixture
+def door(grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]) -> Iterator[Any]:
+    """A producer's raw door: the setup, stubs on a channel that sends up to 16 MiB, and the
+    signed metadata of a token that may produce for the setup's group."""
+    setup = rocketmq_setup()
+    token = registry.token_create(name="producer", scopes=[f"produce:{setup.producer}"])[0]
+    options = [("grpc.max_send_message_length", 16 * 1024 * 1024)]
+    with grpc.insecure_channel(grpc_server.endpoint, options=options) as channel:
+        yield setup, MessagingServiceStub(channel), signed(grpc_server, token)

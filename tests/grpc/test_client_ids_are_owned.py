@@ -5,10 +5,8 @@ is the producer's own resolution. Raw stubs on the real gRPC server; the check i
 check-back service the Celery task runs, through Redis to the server's listener."""
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -27,20 +25,6 @@ pytestmark = pytest.mark.e2e
 VICTIM_ID = "victim-host@4242@0@producer"
 # What the gRPC server logs when a check is not sent on a stream (grpc/checks.py).
 REFUSED_LINE = "the stream's token may not receive it"
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
-
-
-@pytest.fixture
-def streams() -> Iterator[list[Telemetry]]:
-    opened: list[Telemetry] = []
-    yield opened
-    for stream in opened:
-        stream.close()
 
 
 def prepare(stub: MessagingServiceStub, meta: Any, setup: Setup) -> HalfMessage:

@@ -6,10 +6,9 @@ UNRECOGNIZED_CLIENT_TYPE, a bad topic ILLEGAL_TOPIC, other junk BAD_REQUEST, eac
 (in the Heartbeat answer, or on the stream, which stays open), and nothing is stored. Each has
 a positive control: the good call is answered OK and stored."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -20,20 +19,6 @@ from tests.grpc.conftest import GrpcServer, Setup
 from tests.support.grpc import Telemetry, signed
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
-
-
-@pytest.fixture
-def streams() -> Iterator[list[Telemetry]]:
-    opened: list[Telemetry] = []
-    yield opened
-    for stream in opened:
-        stream.close()
 
 
 def without_client_id(meta: list[tuple[str, str]]) -> list[tuple[str, str]]:

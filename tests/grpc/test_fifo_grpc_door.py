@@ -4,10 +4,8 @@ settings a FIFO group's clients get (docs/decisions/0056)."""
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from rocketmq import Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -29,12 +27,6 @@ from tests.support.grpc import (
 )
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
 
 
 def send_one(stub: MessagingServiceStub, meta: Any, topic: str, body: bytes, **system: Any) -> Any:

@@ -4,46 +4,22 @@ without the scope is FORBIDDEN, and a producer's token has exactly one `produce:
 table row has a positive control: the same message with the hostile part made good is stored."""
 
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
-from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
-from tests.grpc.conftest import GrpcServer, Setup
-from tests.support.grpc import signed
+from tests.grpc.conftest import GrpcServer
+from tests.support.grpc import raw_message, signed
 
 pytestmark = pytest.mark.e2e
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def door(grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]) -> Iterator[Any]:
-    setup = rocketmq_setup()
-    token = registry.token_create(name="producer", scopes=[f"produce:{setup.producer}"])[0]
-    with grpc.insecure_channel(
-        grpc_server.endpoint, options=[("grpc.max_send_message_length", 16 * MiB)]
-    ) as channel:
-        yield setup, MessagingServiceStub(channel), signed(grpc_server, token)
-
-
-def message(default_topic: str, /, **change: Any) -> Any:
-    system = {"message_id": uuid.uuid4().hex.upper(), "message_type": pb.NORMAL}
-    system.update(change.pop("system", {}))
-    return pb.Message(
-        topic=pb.Resource(name=change.pop("topic", default_topic)),
-        body=change.pop("body", b"order 9527 created"),
-        user_properties=change.pop("properties", {}),
-        system_properties=pb.SystemProperties(**system),
-    )
 
 
 def far_future() -> Timestamp:
@@ -94,12 +70,12 @@ def test_a_hostile_message_gets_its_code_and_stores_nothing(
     setup, stub, meta = door
     before = stored()
     answer = stub.SendMessage(
-        rpc.SendMessageRequest(messages=[message(setup.topic, **change)]), metadata=meta
+        rpc.SendMessageRequest(messages=[raw_message(setup.topic, **change)]), metadata=meta
     )
     assert (answer.status.code, answer.entries[0].status.code) == (code, code), answer.status
     assert stored() == before
     control = stub.SendMessage(
-        rpc.SendMessageRequest(messages=[message(setup.topic, **good)]), metadata=meta
+        rpc.SendMessageRequest(messages=[raw_message(setup.topic, **good)]), metadata=meta
     )
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0], before[1] + 1)
@@ -109,7 +85,8 @@ def test_more_than_64_messages_in_one_request_are_refused_whole(door: Any) -> No
     setup, stub, meta = door
     before = stored()
     answer = stub.SendMessage(
-        rpc.SendMessageRequest(messages=[message(setup.topic) for _ in range(65)]), metadata=meta
+        rpc.SendMessageRequest(messages=[raw_message(setup.topic) for _ in range(65)]),
+        metadata=meta,
     )
     assert answer.status.code == pb.BAD_REQUEST, answer.status
     assert stored() == before
@@ -128,7 +105,7 @@ def test_a_producer_token_needs_exactly_one_produce_scope(
     for what, token_scopes in scopes.items():
         token = registry.token_create(name=what, scopes=token_scopes)[0]
         answer = stub.SendMessage(
-            rpc.SendMessageRequest(messages=[message(setup.topic)]),
+            rpc.SendMessageRequest(messages=[raw_message(setup.topic)]),
             metadata=signed(grpc_server, token),
         )
         assert answer.status.code == pb.FORBIDDEN, (what, answer.status)
@@ -141,7 +118,7 @@ def test_a_consumer_without_the_groups_scope_is_forbidden(
 ) -> None:
     setup, stub, producer_meta = door
     sent = stub.SendMessage(
-        rpc.SendMessageRequest(messages=[message(setup.topic)]), metadata=producer_meta
+        rpc.SendMessageRequest(messages=[raw_message(setup.topic)]), metadata=producer_meta
     )
     assert sent.status.code == pb.OK
     receive = rpc.ReceiveMessageRequest(
@@ -168,7 +145,7 @@ def test_ending_another_groups_transaction_says_nothing_of_it(
     setup, stub, meta = door
     answer = stub.SendMessage(
         rpc.SendMessageRequest(
-            messages=[message(setup.topic, system={"message_type": pb.TRANSACTION})]
+            messages=[raw_message(setup.topic, system={"message_type": pb.TRANSACTION})]
         ),
         metadata=meta,
     )

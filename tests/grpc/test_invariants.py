@@ -7,11 +7,9 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
@@ -22,12 +20,6 @@ from tests.grpc.conftest import GrpcServer, Setup
 from tests.support.grpc import signed
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
 
 
 def prepare(stub: MessagingServiceStub, meta: Any, setup: Setup, body: str) -> tuple[str, str]:

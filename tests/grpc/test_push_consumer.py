@@ -3,10 +3,8 @@ REST API shows, and UNSUPPORTED (never gRPC UNIMPLEMENTED) for what txhub does n
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import grpc
 import pytest
 from rest_framework.test import APIClient
 from rocketmq import ConsumeResult, FilterExpression, MessageListener, Producer, PushConsumer
@@ -88,12 +86,6 @@ def test_push_consumer_retries_a_failure_with_the_backoff_then_dead_letters_it(
         timeout=30,
     )
     assert done
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
 
 
 def test_assignment_is_one_queue_for_all_and_forward_moves_to_the_rest_dlq(

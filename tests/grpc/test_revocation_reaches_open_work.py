@@ -5,11 +5,9 @@ revocation is the service DELETE /api/v1/tokens/{id} runs; it reaches them throu
 NOTIFY on the wake-up hubs' channel."""
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import grpc
 import pytest
 import requests
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -24,12 +22,6 @@ from tests.support.grpc import WAIT, Telemetry, signed
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def stub(grpc_server: GrpcServer) -> Iterator[MessagingServiceStub]:
-    with grpc.insecure_channel(grpc_server.endpoint) as channel:
-        yield MessagingServiceStub(channel)
 
 
 def waiting(topic: str, group: str) -> bool:

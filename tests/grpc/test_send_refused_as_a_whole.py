@@ -5,48 +5,21 @@ bodies are at most 4 MiB in all; keys are not blank, property names not empty, a
 past the 16 KiB limit by being empty; a delivery time the protocol's Timestamp cannot hold is
 ILLEGAL_DELIVERY_TIME. Every refusal has a positive control: the request made good is stored."""
 
-import uuid
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
-from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage
-from apps.broker.services import registry
-from tests.grpc.conftest import GrpcServer, Setup
-from tests.support.grpc import signed
+from tests.support.grpc import raw_message
 
 pytestmark = pytest.mark.e2e
 
 KiB = 1024
 MiB = 1024 * KiB
-
-
-@pytest.fixture
-def door(grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]) -> Iterator[Any]:
-    setup = rocketmq_setup()
-    token = registry.token_create(name="producer", scopes=[f"produce:{setup.producer}"])[0]
-    with grpc.insecure_channel(
-        grpc_server.endpoint, options=[("grpc.max_send_message_length", 16 * MiB)]
-    ) as channel:
-        yield setup, MessagingServiceStub(channel), signed(grpc_server, token)
-
-
-def message(topic: str, /, **change: Any) -> Any:
-    system = {"message_id": uuid.uuid4().hex.upper(), "message_type": pb.NORMAL}
-    system.update(change.pop("system", {}))
-    return pb.Message(
-        topic=pb.Resource(name=change.pop("topic", topic)),
-        body=change.pop("body", b"order 9527 created"),
-        user_properties=change.pop("properties", {}),
-        system_properties=pb.SystemProperties(**system),
-    )
 
 
 def in_seconds(seconds: float) -> Timestamp:
@@ -103,10 +76,10 @@ def test_a_refused_message_anywhere_in_a_batch_refuses_it_all(
 ) -> None:
     setup = door[0]
     before = stored()
-    batch = [message(setup.topic) for _ in range(3)]
-    batch[position] = message(setup.topic, **change)
+    batch = [raw_message(setup.topic) for _ in range(3)]
+    batch[position] = raw_message(setup.topic, **change)
     assert_refused(send(door, batch), code, before)
-    batch[position] = message(setup.topic, **good)
+    batch[position] = raw_message(setup.topic, **good)
     control = send(door, batch)
     assert control.status.code == pb.OK, control.status
     assert [entry.status.code for entry in control.entries] == [pb.OK] * 3
@@ -118,10 +91,10 @@ def test_a_refused_prepare_in_a_batch_refuses_it_all(door: Any, position: int) -
     setup = door[0]
     transactional = {"message_type": pb.TRANSACTION}
     before = stored()
-    batch = [message(setup.topic, system=transactional) for _ in range(3)]
-    batch[position] = message(setup.topic, system={**transactional, "keys": [""]})
+    batch = [raw_message(setup.topic, system=transactional) for _ in range(3)]
+    batch[position] = raw_message(setup.topic, system={**transactional, "keys": [""]})
     assert_refused(send(door, batch), pb.ILLEGAL_MESSAGE_KEY, before)
-    batch[position] = message(setup.topic, system={**transactional, "keys": ["order-9527"]})
+    batch[position] = raw_message(setup.topic, system={**transactional, "keys": ["order-9527"]})
     control = send(door, batch)
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0] + 3, before[1], before[2])
@@ -132,15 +105,15 @@ def test_a_conflict_met_while_storing_a_batch_leaves_none_of_it_stored(door: Any
     first as a normal message, refuses the request and takes the first one back with it."""
     setup = door[0]
     before = stored()
-    first = message(setup.topic, system={"message_id": "AB"})
+    first = raw_message(setup.topic, system={"message_id": "AB"})
     batch = [
         first,
-        message(setup.topic, system={"message_id": "AB", "message_type": pb.TRANSACTION}),
+        raw_message(setup.topic, system={"message_id": "AB", "message_type": pb.TRANSACTION}),
     ]
     answer = send(door, batch)
     assert_refused(answer, pb.BAD_REQUEST, before)
     assert "in use" in answer.status.message
-    batch[1] = message(setup.topic, system={"message_id": "CD", "message_type": pb.TRANSACTION})
+    batch[1] = raw_message(setup.topic, system={"message_id": "CD", "message_type": pb.TRANSACTION})
     control = send(door, batch)
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0] + 1, before[1] + 1, before[2])
@@ -149,10 +122,10 @@ def test_a_conflict_met_while_storing_a_batch_leaves_none_of_it_stored(door: Any
 def test_a_batch_over_4_mib_in_all_is_refused_and_stores_nothing(door: Any) -> None:
     setup = door[0]
     before = stored()
-    large = [message(setup.topic, body=b"x" * (2200 * KiB)) for _ in range(2)]
+    large = [raw_message(setup.topic, body=b"x" * (2200 * KiB)) for _ in range(2)]
     assert_refused(send(door, large), pb.MESSAGE_BODY_TOO_LARGE, before)
     # The positive control: 4 MiB in all, exactly.
-    control = send(door, [message(setup.topic, body=b"x" * (2 * MiB)) for _ in range(2)])
+    control = send(door, [raw_message(setup.topic, body=b"x" * (2 * MiB)) for _ in range(2)])
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0], before[1] + 2, before[2])
 
@@ -180,11 +153,11 @@ def test_blank_keys_and_empty_property_names_are_refused(
     before = stored()
     system = {**change.get("system", {}), "message_type": kind}
     properties = change.get("properties", {})
-    refused = message(setup.topic, system=system, properties=properties)
+    refused = raw_message(setup.topic, system=system, properties=properties)
     assert_refused(send(door, [refused]), code, before)
     # The positive control: 16 KiB of one-byte keys, and a named property.
     system = {"keys": ["k"] * (16 * KiB - 2), "message_type": kind}
-    control = send(door, [message(setup.topic, system=system, properties={"p": ""})])
+    control = send(door, [raw_message(setup.topic, system=system, properties={"p": ""})])
     assert control.status.code == pb.OK, control.status
     assert sum(stored()) == sum(before) + 1
 
@@ -212,11 +185,11 @@ def test_a_delivery_time_out_of_range_is_illegal_and_stores_nothing(
     setup = door[0]
     before = stored()
     stamp = Timestamp(seconds=in_seconds(60).seconds if seconds is None else seconds, nanos=nanos)
-    refused = message(setup.topic, system={"delivery_timestamp": stamp})
+    refused = raw_message(setup.topic, system={"delivery_timestamp": stamp})
     assert_refused(send(door, [refused]), pb.ILLEGAL_DELIVERY_TIME, before)
     # The positive control: a minute ahead, with its nanos, waits for its time.
     stamp = in_seconds(60)
     stamp.nanos = 999_999_999
-    control = send(door, [message(setup.topic, system={"delivery_timestamp": stamp})])
+    control = send(door, [raw_message(setup.topic, system={"delivery_timestamp": stamp})])
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0], before[1], before[2] + 1)

@@ -181,3 +181,16 @@ def receive_all(
     while len(got) < count and time.monotonic() < deadline:
         got += consumer.receive(32, invisible) or []
     return got
+
+
+def raw_message(default_topic: str, /, **change: Any) -> Any:
+    """A normal message (the protocol's, for raw stubs) with a fresh client id; `change`
+    overrides its topic, body, properties and system properties (`system={...}`)."""
+    system = {"message_id": uuid.uuid4().hex.upper(), "message_type": pb.NORMAL}
+    system.update(change.pop("system", {}))
+    return pb.Message(
+        topic=pb.Resource(name=change.pop("topic", default_topic)),
+        body=change.pop("body", b"order 9527 created"),
+        user_properties=change.pop("properties", {}),
+        system_properties=pb.SystemProperties(**system),
+    )

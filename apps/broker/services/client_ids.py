@@ -8,12 +8,16 @@ an id derived from the group and the client's id with a keyed hash: deterministi
 finds what the first try stored; unpredictable without the server's key, so nobody can squat it
 in turn. The producer is answered with the id its message was stored under, and nothing in any
 answer says that another group used the id.
+
+A recalled message keeps its id as every stored message does (docs/decisions/0075): one client
+message id, one message, and the id's trace stays that message's.
 """
 
 from django.db import connection
 from django.utils.crypto import salted_hmac
 
-from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage
+from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, RecalledMessage
+from apps.broker.services.errors import Conflict
 
 _SALT = "txhub.client-message-id"
 
@@ -28,11 +32,11 @@ def stored_id_for(*, client_id: str, producer_group: str) -> str:
 
 
 def held(msg_id: str) -> bool:
-    """Whether any message (a half message, a delayed message or a commit-log entry) is stored
-    under `msg_id`: one plain statement. A fresh id, a client's every first send, is stored as
-    it is and has no earlier message, so the sends and prepares ask this first and skip the
-    lookups below, seven ORM queries (docs/decisions/0052). Only a hint: what decides is the
-    claim of the statement that stores the id (claim_sql)."""
+    """Whether any message (a half message, a delayed message, a commit-log entry or a recalled
+    message) is stored under `msg_id`: one plain statement. A fresh id, a client's every first
+    send, is stored as it is and has no earlier message, so the sends and prepares ask this
+    first and skip the lookups below, seven ORM queries (docs/decisions/0052). Only a hint: what
+    decides is the claim of the statement that stores the id (claim_sql)."""
     with connection.cursor() as cursor:
         # The tables that store a message under its id: one SQL function (decision 0074).
         cursor.execute("SELECT broker_msg_id_held(%s)", [msg_id])
@@ -75,6 +79,19 @@ def claim_ids(msg_ids: list[str]) -> None:
         cursor.execute(f"SELECT broker_msg_ids_claim({ids_args(len(msg_ids))})", msg_ids)
 
 
+def refuse_recalled(*, msg_id: str, producer_group: str) -> None:
+    """Conflict when a recalled message holds `msg_id`: its id stays taken (decision 0075), so
+    the group's new send or prepare under it is refused, as one under the id of another of its
+    messages is. Another group's recalled message under it (a race with `stored_id_for`) is a
+    conflict that says nothing about it."""
+    holder = RecalledMessage.objects.filter(msg_id=msg_id).values_list("producer_group", flat=True)
+    name = holder.first()
+    if name == producer_group:
+        raise Conflict(f"Message id {msg_id} is in use by a recalled message.")
+    if name is not None:
+        raise Conflict(f"Message id {msg_id} is in use.")
+
+
 def scoped_id(*, client_id: str, producer_group: str) -> str:
     """32 upper-case hex characters, the shape of txhub's own ids."""
     digest = salted_hmac(_SALT, f"{producer_group}\x00{client_id}", algorithm="sha256")
@@ -83,9 +100,10 @@ def scoped_id(*, client_id: str, producer_group: str) -> str:
 
 def _holder(msg_id: str) -> str | None:
     """The producer group of the message stored under `msg_id` (a half message, a delayed
-    message or a commit-log entry), or None. An id is unique across the three tables' uses."""
+    message, a commit-log entry or a recalled message), or None. An id is unique across the four
+    tables' uses."""
     half = HalfMessage.objects.filter(msg_id=msg_id).values_list("producer_group__name", flat=True)
-    for model in (CommitLogEntry, DelayedMessage):
+    for model in (CommitLogEntry, DelayedMessage, RecalledMessage):
         found = model.objects.filter(msg_id=msg_id).values_list("producer_group", flat=True)
         name = found.first()
         if name is not None:

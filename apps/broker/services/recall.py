@@ -38,7 +38,8 @@ def message_recall(
 
     A message recalled already answers its recall again (idempotent, decision 0055). A message
     in the commit log, delivered or visible at once, is 409; so is a transaction not committed
-    (roll it back instead) and one rolled back."""
+    (roll it back instead) and one rolled back, and a delayed message stored under the id of a
+    recalled one before decision 0075 (the id's recall holds it)."""
     principal.require_some("produce")
 
     def mine(group: str, topic_name: str) -> bool:
@@ -52,6 +53,12 @@ def message_recall(
             .first()
         )
         if delayed is not None and mine(delayed.producer_group, delayed.topic.name):
+            if RecalledMessage.objects.filter(msg_id=msg_id).exists():
+                # A recalled message keeps its id (decision 0075); a delayed message stored under
+                # it before that rule cannot take its place in broker_recalledmessage.
+                raise Conflict(
+                    f"Message {msg_id} cannot be recalled: its id is held by an earlier message."
+                )
             kept = {
                 field.attname: getattr(delayed, field.attname)
                 for field in DelayedMessage._meta.concrete_fields

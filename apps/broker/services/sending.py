@@ -20,7 +20,13 @@ from apps.broker.models import (
     Topic,
     new_msg_id,
 )
-from apps.broker.services.client_ids import claim_ids, claim_sql, held, stored_id_for
+from apps.broker.services.client_ids import (
+    claim_ids,
+    claim_sql,
+    held,
+    refuse_recalled,
+    stored_id_for,
+)
 from apps.broker.services.errors import Conflict
 
 
@@ -253,8 +259,9 @@ def message_send(
 
 def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage) -> Sent | None:
     """The message a producer already stored under its own id, or None. The same id used for
-    another of the group's topics, or by one of its transactions, is a conflict; another group's
-    message under it (a race with `stored_id_for`) is a conflict that says nothing about it."""
+    another of the group's topics, by one of its transactions or by a message it recalled
+    (decision 0075), is a conflict; another group's message under it (a race with
+    `stored_id_for`) is a conflict that says nothing about it."""
 
     def owned(row: CommitLogEntry | DelayedMessage) -> None:
         if row.producer_group != message.producer_group:
@@ -281,6 +288,7 @@ def message_by_client_id(*, msg_id: str, topic: Topic, message: OutgoingMessage)
         raise Conflict(f"Message id {msg_id} is in use by a transaction.")
     if half.exists():
         raise Conflict(f"Message id {msg_id} is in use.")
+    refuse_recalled(msg_id=msg_id, producer_group=message.producer_group)
     return None
 
 

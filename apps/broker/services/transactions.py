@@ -31,7 +31,7 @@ from apps.broker.models import (
     new_msg_id,
 )
 from apps.broker.services import committing, half_rows, prepare_rows
-from apps.broker.services.client_ids import held, stored_id_for
+from apps.broker.services.client_ids import held, refuse_recalled, stored_id_for
 from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
     OutgoingMessage,
@@ -134,6 +134,7 @@ def _half_by_client_id(
                 raise Conflict(f"Message id {msg_id} is in use by another message.")
             if name is not None:
                 raise Conflict(f"Message id {msg_id} is in use.")
+        refuse_recalled(msg_id=msg_id, producer_group=producer_group.name)
         return None
     if earlier.producer_group_id != producer_group.pk:
         raise Conflict(f"Message id {msg_id} is in use.")

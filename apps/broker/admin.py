@@ -2,6 +2,7 @@
 (writes go through the services: the API and the console); bulk commit and roll back through the
 operator service, with a reason asked on an intermediate page."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
@@ -21,7 +22,7 @@ from apps.broker.models import (
     ProducerGroup,
     Topic,
 )
-from apps.broker.services import operator
+from apps.broker.services import operator, registry
 from apps.broker.services.errors import BrokerError
 from apps.console.forms import ReasonForm
 from apps.console.roles import can_act
@@ -161,6 +162,25 @@ class BoundTopicsAdmin(ReadOnlyAdmin):
 class ProducerGroupAdmin(BoundTopicsAdmin):
     list_display = ("name", "check_url", "bound_topics", "updated_at")
     exclude = ("signing_secret", "previous_signing_secret")
+
+    # The check URL, in the list and on the (read-only) page, as the request's user may see it:
+    # whole only to txhub operators, who may change it in the console (docs/decisions/0079).
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        return _check_url_as_shown(super().get_list_display(request), request)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return _check_url_as_shown(super().get_fields(request, obj), request)
+
+
+def _check_url_as_shown(fields: Sequence[Any], request: HttpRequest) -> list[Any]:
+    """`fields` with "check_url" replaced by a column that asks the registry's one rule."""
+    may_change = can_act(request.user)
+
+    @admin.display(description="check URL", ordering="check_url")
+    def check_url(group: ProducerGroup) -> str:
+        return registry.producer_group_check_url_shown(group=group, may_change=may_change)
+
+    return [check_url if field == "check_url" else field for field in fields]
 
 
 @admin.register(ConsumerGroup)

@@ -98,14 +98,24 @@ def topic_create(request: HttpRequest) -> HttpResponse:
 
 @viewer_required
 def producer_group_list(request: HttpRequest) -> HttpResponse:
+    acts = can_act(request.user)
+    # The check URL whole only to who may change it, so the edit form keeps it whole; masked
+    # for viewers (docs/decisions/0079).
+    groups = [
+        {
+            "group": group,
+            "shown_url": registry.producer_group_check_url_shown(group=group, may_change=acts),
+        }
+        for group in ProducerGroup.objects.order_by("name").prefetch_related("topics")
+    ]
     return render(
         request,
         "console/producer_groups.html",
         {
-            "groups": ProducerGroup.objects.order_by("name").prefetch_related("topics"),
+            "groups": groups,
             "producers": clients.clients_connected().filter(client_type="PRODUCER"),
             "form": ProducerGroupForm(),
-            "can_act": can_act(request.user),
+            "can_act": acts,
         },
     )
 
@@ -194,13 +204,15 @@ def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
 def producer_group_test(request: HttpRequest, name: str) -> HttpResponse:
     group = selectors.producer_group_get(name=name)
     result = callbacks.checkback_test(group=group)
+    # Only operators get here (they may change the URL), but the message asks the one rule too.
+    url = registry.producer_group_check_url_shown(group=group, may_change=can_act(request.user))
     if result.reached:
         text = (
-            f"Test callback to {group.check_url}: HTTP {result.status}, answer {result.answer}"
+            f"Test callback to {url}: HTTP {result.status}, answer {result.answer}"
             f"{' (' + result.error + ')' if result.error else ''}, {result.latency_ms} ms."
         )
     else:
-        text = f"Test callback to {group.check_url} did not reach it: {result.error}."
+        text = f"Test callback to {url} did not reach it: {result.error}."
     (messages.success if result.reached and result.status == 200 else messages.warning)(
         request, text
     )

@@ -19,6 +19,7 @@ from apps.broker.models import (
     ProducerGroup,
     RecalledMessage,
 )
+from apps.broker.services import registry
 from apps.broker.services.consuming import Received
 
 _renderers: dict[type[serializers.Serializer[Any]], serializers.Serializer[Any]] = {}
@@ -308,14 +309,23 @@ def bound_topics(group: ProducerGroup | ConsumerGroup) -> list[str]:
     return sorted(topic.name for topic in group.topics.all())
 
 
+# Context `may_change_check_url`: whether the caller may change the check URL (the door's guard
+# of that change); absent, the URL is shown masked (docs/decisions/0079).
 class ProducerGroupOut(serializers.Serializer[Any]):
     name = serializers.CharField()
-    check_url = serializers.CharField()
+    check_url = serializers.SerializerMethodField(
+        help_text="Whole to a caller who may change it; to others with its password, query "
+        "and fragment shown as ***."
+    )
     topics = serializers.SerializerMethodField(
         help_text="Topics the group may send and prepare to; empty: any topic."
     )
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
+
+    def get_check_url(self, group: ProducerGroup) -> str:
+        may_change = bool(self.context.get("may_change_check_url"))
+        return registry.producer_group_check_url_shown(group=group, may_change=may_change)
 
     def get_topics(self, group: ProducerGroup) -> list[str]:
         return bound_topics(group)

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from apps.broker import selectors
 from apps.broker.api import output
 from apps.broker.api import serializers as inputs
-from apps.broker.api.auth import require_admin
+from apps.broker.api.auth import TokenUser, require_admin
 from apps.broker.api.views import ERRORS, Pagination, origin, validated
 from apps.broker.models import ApiToken, ConsumerGroup, ProducerGroup, Topic
 from apps.broker.services import credentials, registry
@@ -41,6 +41,13 @@ class TopicDetailView(APIView):
         return Response(data)
 
 
+def shown_to(request: Request) -> dict[str, bool]:
+    """The producer group serializers' context: a check URL is whole only to a caller who may
+    change it, which is what guards PATCH here, the admin scope (docs/decisions/0079)."""
+    caller: TokenUser = request.user  # type: ignore[assignment]
+    return {"may_change_check_url": caller.is_admin}
+
+
 class ProducerGroupListView(APIView):
     @extend_schema(
         request=inputs.ProducerGroupIn, responses={201: output.ProducerGroupSecretOut, 409: None}
@@ -51,20 +58,24 @@ class ProducerGroupListView(APIView):
         group = registry.producer_group_create(
             name=data["name"], check_url=data.get("check_url", "")
         )
-        return Response(output.ProducerGroupSecretOut(group).data, status=status.HTTP_201_CREATED)
+        return Response(
+            output.ProducerGroupSecretOut(group, context=shown_to(request)).data,
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(responses={200: output.ProducerGroupOut(many=True)})
     def get(self, request: Request) -> Response:
         require_admin(request)
         groups = ProducerGroup.objects.order_by("name").prefetch_related("topics")
-        return Response(output.ProducerGroupOut(groups, many=True).data)
+        return Response(output.ProducerGroupOut(groups, many=True, context=shown_to(request)).data)
 
 
 class ProducerGroupDetailView(APIView):
     @extend_schema(responses={200: output.ProducerGroupOut})
     def get(self, request: Request, name: str) -> Response:
         require_admin(request)
-        return Response(output.ProducerGroupOut(selectors.producer_group_get(name=name)).data)
+        group = selectors.producer_group_get(name=name)
+        return Response(output.ProducerGroupOut(group, context=shown_to(request)).data)
 
     @extend_schema(request=inputs.ProducerGroupPatchIn, responses={200: output.ProducerGroupOut})
     def patch(self, request: Request, name: str) -> Response:
@@ -73,7 +84,7 @@ class ProducerGroupDetailView(APIView):
         group = registry.producer_group_update(
             name=name, check_url=data["check_url"], origin=origin(request)
         )
-        return Response(output.ProducerGroupOut(group).data)
+        return Response(output.ProducerGroupOut(group, context=shown_to(request)).data)
 
 
 class ProducerGroupRotateSecretView(APIView):
@@ -81,7 +92,7 @@ class ProducerGroupRotateSecretView(APIView):
     def post(self, request: Request, name: str) -> Response:
         require_admin(request)
         group = registry.producer_group_rotate_secret(name=name, origin=origin(request))
-        return Response(output.ProducerGroupSecretOut(group).data)
+        return Response(output.ProducerGroupSecretOut(group, context=shown_to(request)).data)
 
 
 def topics_to_bind(request: Request) -> list[str]:
@@ -101,7 +112,7 @@ class ProducerGroupTopicsView(APIView):
         bound = registry.producer_group_bind_topics(
             name=name, topics=topics_to_bind(request), origin=origin(request)
         )
-        return Response(output.ProducerGroupOut(bound).data)
+        return Response(output.ProducerGroupOut(bound, context=shown_to(request)).data)
 
 
 class ConsumerGroupTopicsView(APIView):

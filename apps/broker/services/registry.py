@@ -57,6 +57,16 @@ def producer_group_create(*, name: str, check_url: str = "") -> ProducerGroup:
         raise Conflict(f"Producer group {name!r} already exists.") from None
 
 
+def producer_group_check_url_shown(*, group: ProducerGroup, may_change: bool) -> str:
+    """A group's check URL as one reader may see it, at every door (docs/decisions/0079).
+
+    Whole only to who may change it (the door's own guard of that change says so), which keeps
+    an editor's form round-tripping the real credentials; to everyone else masked exactly as the
+    audit records it (`url_shown`, decision 0039), since the URL may carry a producer's secret.
+    """
+    return group.check_url if may_change else url_shown(group.check_url)
+
+
 @transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
 def producer_group_update(*, name: str, check_url: str, origin: Origin = SYSTEM) -> ProducerGroup:
     if check_url:

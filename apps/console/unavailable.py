@@ -1,13 +1,17 @@
 """The console while the database is unreachable (no primary during a failover, Postgres down):
 a page that says so and reloads itself, with 503, instead of Django's server error page
-(CONTRACT 7, docs/decisions/0042). The API answers 503 `unavailable` in its own format."""
+(CONTRACT 7, docs/decisions/0042). The API answers 503 `unavailable` in its own format. Only an
+unreachable database is that: a query that failed is the server error page, which does not
+reload itself forever (services/errors.database_unreachable, docs/decisions/0078)."""
 
 import logging
 from collections.abc import Callable
 
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
+
+from apps.broker.services.errors import database_unreachable_here
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +28,9 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not request.path.startswith("/console/"):
             return None
-        if not isinstance(exception, OperationalError | InterfaceError):
+        # Asked in the thread whose query failed: Django calls this in the view's thread.
+        database = isinstance(exception, DatabaseError | InterfaceError)
+        if not database or not database_unreachable_here(exception):
             return None
         logger.warning("console %s: the database is unavailable: %s", request.path, exception)
         # Rendered without the request: the context processors would ask the database again.

@@ -233,7 +233,7 @@ def test_transactions_take_their_place_at_commit(api: Api) -> None:
 def test_concurrent_receives_of_many_free_heads_answer_200(server: Server, api: Api) -> None:
     """Many message groups, each with a backlog, and consumers receiving up to 1-32 at a time at
     once: their receives release overlapping sets of held heads, of every size. Each must
-    answer 200 (a deadlock between two of them is a 503 `unavailable`)."""
+    answer 200 (a deadlock between two of them is a 500 `internal_error`, decision 0078)."""
     api.setup(queues=4)
     groups, depth, consumers = 300, 4, 8
     for seq in range(depth):
@@ -272,4 +272,4 @@ def test_concurrent_receives_of_many_free_heads_answer_200(server: Server, api: 
 
     with ThreadPoolExecutor(consumers) as pool:
         for future in [pool.submit(consume, n) for n in range(consumers)]:
-            future.result()  # a 503 in any consumer fails the test here
+            future.result()  # a 500 in any consumer fails the test here

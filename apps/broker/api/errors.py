@@ -13,12 +13,12 @@ from django.core.exceptions import (
     TooManyFieldsSent,
     TooManyFilesSent,
 )
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from apps.broker.services.errors import BrokerError
+from apps.broker.services.errors import BrokerError, database_unreachable_here
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +109,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("payload_too_large", message), status=413)
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "Not found."), status=404)
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        logger.exception("database unavailable")
-        return Response(
-            error_body("unavailable", "The database is unavailable; try again."), status=503
-        )
     if isinstance(exc, exceptions.APIException):
         return _api_exception(exc)
-    if isinstance(exc, DatabaseError):
+    if isinstance(exc, DatabaseError | InterfaceError):
+        # Asked in the thread whose query failed (every caller of this handler is): only an
+        # unreachable database is 503, which clients retry; a query that failed (a statement
+        # timeout, a deadlock) is a 500 (docs/decisions/0078).
+        if database_unreachable_here(exc):
+            logger.exception("database unavailable")
+            return Response(
+                error_body("unavailable", "The database is unavailable; try again."), status=503
+            )
         logger.exception("database error")
     return None  # anything else is a bug: Django's 500 handler answers in our format
 

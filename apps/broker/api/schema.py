@@ -20,6 +20,8 @@ ERROR_DESCRIPTIONS = {
     409: "conflict / transaction_resolved",
     413: "payload_too_large",
     429: "throttled",
+    500: "internal_error: a bug, or a query of this request that failed (a statement timeout, a "
+    "deadlock), not an outage; it is logged",
     503: "unavailable: the database (or, for a configuration change, Redis) is unreachable; "
     "nothing was changed; try again",
 }
@@ -38,7 +40,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
 class AutoSchema(SpectacularAutoSchema):
     def _error_codes(self) -> set[int]:
-        codes = {401, 403, 404, 429, 503}
+        codes = {401, 403, 404, 429, 500, 503}
         # Every POST/PATCH declares its body (request=None: none); GET has none to guess.
         if self.method in {"POST", "PATCH"} and self.get_request_serializer() is not None:
             codes |= {400, 413}

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections
 
 from apps.broker import limits, waiting, wakeups
 from apps.broker.grpc.protocol import (
@@ -20,7 +20,7 @@ from apps.broker.grpc.protocol import (
 )
 from apps.broker.services import consuming
 from apps.broker.services.consuming import Received, WaitPlan
-from apps.broker.services.errors import BrokerError, database_unreachable
+from apps.broker.services.errors import BrokerError, database_unreachable_here
 
 log = logging.getLogger("txhub.grpc")
 T = TypeVar("T")
@@ -33,12 +33,9 @@ def _in_thread(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, An
     try:
         return fn(*args, **kwargs)
     except DatabaseError as error:
-        # Only here is the thread's connection known: an error that left it closed or broken is
-        # the database being unreachable (HA_NOT_AVAILABLE, which clients retry); any other is
-        # this call's own (docs/decisions/0042).
-        raw = connection.connection
-        lost = raw is None or raw.closed or raw.broken
-        if database_unreachable(error, connection_lost=lost):
+        # Asked in this thread, the query's own: an unreachable database is HA_NOT_AVAILABLE,
+        # which clients retry; any other error is this call's own (docs/decisions/0070).
+        if database_unreachable_here(error):
             raise Unreachable(str(error)) from error
         raise
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 import psycopg
-from django.db import InterfaceError
+from django.db import InterfaceError, connection
 from psycopg_pool import PoolTimeout
 
 
@@ -67,7 +67,7 @@ class TransactionResolved(Conflict):
 # exception), 57P01-57P03 (shut down, crashed, starting up: a failover) and 53300 (no connection
 # slot). Not the other OperationalErrors (a statement timeout, a deadlock, libpq refusing a query
 # it cannot send): those are about one query, and a client told to retry would retry it forever
-# (docs/decisions/0042).
+# (docs/decisions/0070; every door asks this, decision 0078).
 _UNREACHABLE_STATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
@@ -89,3 +89,12 @@ def database_unreachable(error: BaseException, *, connection_lost: bool = False)
     if driver.pgconn is not None and driver.pgconn.status == psycopg.pq.ConnStatus.BAD:
         return True  # connecting failed
     return connection_lost
+
+
+def database_unreachable_here(error: BaseException) -> bool:
+    """`database_unreachable`, asked in the thread whose query failed: only there is its
+    connection known, closed or broken now or not. Every door asks this of a database error,
+    where it catches it (docs/decisions/0078)."""
+    raw = connection.connection
+    lost = raw is None or raw.closed or raw.broken
+    return database_unreachable(error, connection_lost=lost)

@@ -255,6 +255,31 @@ def check_batch_bytes(total: int) -> int:
     return total
 
 
+class MixedBatch(LimitError):
+    """A batch whose messages do not belong together; `position` is the first one at fault
+    (0-based)."""
+
+    def __init__(self, message: str, *, position: int) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+def check_batch_topic(topics: list[str]) -> str:
+    """A batch's messages are for one topic, as RocketMQ's proxy refuses a request that mixes
+    them (docs/decisions/0076): the topic, or MixedBatch at the first message for another. The
+    REST door's batches name their topic once (the URL, the `topic` field), so they hold it by
+    their shape."""
+    first = topics[0]
+    for position, topic in enumerate(topics):
+        if topic != first:
+            raise MixedBatch(
+                f"Its topic is {topic!r}, the first message's {first!r}: a batch's messages "
+                "are for one topic.",
+                position=position,
+            )
+    return first
+
+
 def parse_tag_expression(expression: str) -> frozenset[str] | None:
     """`*` (or blank) matches everything: None. Otherwise `TagA || TagB`: the set of tags."""
     if expression.strip() in {"", "*"}:

@@ -3,7 +3,8 @@ section 6, invariant 9), with raw stubs against the real server: a refused messa
 batch, normal or transactional, refuses the request with its code and stores nothing; a batch's
 bodies are at most 4 MiB in all; keys are not blank, property names not empty, and neither gets
 past the 16 KiB limit by being empty; a delivery time the protocol's Timestamp cannot hold is
-ILLEGAL_DELIVERY_TIME. Every refusal has a positive control: the request made good is stored."""
+ILLEGAL_DELIVERY_TIME; a batch mixing topics is MESSAGE_CORRUPTED, as RocketMQ's proxy answers.
+Every refusal has a positive control: the request made good is stored."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage
+from apps.broker.services import registry
 from tests.support.grpc import raw_message
 
 pytestmark = pytest.mark.e2e
@@ -58,7 +60,8 @@ REFUSED: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
     ("a tag with a bar", {"system": {"tag": "a|b"}}, pb.ILLEGAL_MESSAGE_TAG,
      {"system": {"tag": "a"}}),
     ("a message id with a dash", {"system": {"message_id": "a-b"}}, pb.ILLEGAL_MESSAGE_ID, {}),
-    ("an unknown topic", {"topic": "nowhere"}, pb.TOPIC_NOT_FOUND, {}),
+    # One topic per request (decision 0076): an unknown one beside known ones is a mix first.
+    ("an unknown topic", {"topic": "nowhere"}, pb.MESSAGE_CORRUPTED, {}),
     ("a delivery time 400 days ahead", {"system": {"delivery_timestamp": in_seconds(400 * 86400)}},
      pb.ILLEGAL_DELIVERY_TIME, {"system": {"delivery_timestamp": in_seconds(60)}}),
     ("a delivery time in year 33658",
@@ -98,6 +101,38 @@ def test_a_refused_prepare_in_a_batch_refuses_it_all(door: Any, position: int) -
     control = send(door, batch)
     assert control.status.code == pb.OK, control.status
     assert stored() == (before[0] + 3, before[1], before[2])
+
+
+@pytest.mark.parametrize("kind", [pb.NORMAL, pb.TRANSACTION], ids=["send", "prepare"])
+@pytest.mark.parametrize("position", [1, 2], ids=["middle", "last"])
+def test_a_batch_mixing_topics_is_refused_as_a_whole(door: Any, position: int, kind: int) -> None:
+    """A request's messages are for one topic (decision 0076): one for another topic, which
+    exists and takes the same messages alone, refuses the request, named, and stores nothing; a
+    request all for one unknown topic is still TOPIC_NOT_FOUND."""
+    setup = door[0]
+    other = registry.topic_create(name=f"{setup.topic}-other", queues=4).name
+    system = {"message_type": kind}
+    before = stored()
+    batch = [raw_message(setup.topic, system=system) for _ in range(3)]
+    batch[position] = raw_message(other, system=system)
+    answer = send(door, batch)
+    assert_refused(answer, pb.MESSAGE_CORRUPTED, before)
+    assert answer.status.message == (
+        f"Message {position + 1} of 3: Its topic is {other!r}, the first message's "
+        f"{setup.topic!r}: a batch's messages are for one topic."
+    )
+    # The positive controls: the same batch on one topic, either of the two, is stored.
+    for topic in (setup.topic, other):
+        batch = [raw_message(topic, system=system) for _ in range(3)]
+        control = send(door, batch)
+        assert control.status.code == pb.OK, control.status
+        assert [entry.status.code for entry in control.entries] == [pb.OK] * 3
+    assert sum(stored()) == sum(before) + 6
+    # One topic, unknown: its own code, not the mix's.
+    after = stored()
+    assert_refused(
+        send(door, [raw_message("nowhere") for _ in range(3)]), pb.TOPIC_NOT_FOUND, after
+    )
 
 
 def test_a_conflict_met_while_storing_a_batch_leaves_none_of_it_stored(door: Any) -> None:

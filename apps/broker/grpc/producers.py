@@ -1,6 +1,6 @@
-"""SendMessage: a request of 1..64 messages is checked as a whole, every message turned into
-what its service takes, before anything of it is stored; then all of it is stored, or none
-(CONTRACT section 6, invariant 9)."""
+"""SendMessage: a request of 1..64 messages for one topic is checked as a whole, every message
+turned into what its service takes, before anything of it is stored; then all of it is stored,
+or none (CONTRACT section 6, invariant 9)."""
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -56,6 +56,11 @@ def send(caller: Caller, request: Any) -> Any:
             limits.check_batch_bytes(sum(len(message.body) for message in request.messages))
         except limits.LimitError as error:
             return refused(limit_refusal(error), count)
+        try:
+            # One topic per request, as RocketMQ's proxy answers (docs/decisions/0076).
+            limits.check_batch_topic([message.topic.name for message in request.messages])
+        except limits.MixedBatch as error:
+            return refused(Refusal(Code.MESSAGE_CORRUPTED, str(error)), count, error.position)
     index: int | None = None
     try:
         epoch = caller.principal.config_epoch

@@ -422,6 +422,13 @@ def check_client(
     if client_type not in CLIENT_TYPES:
         raise LimitError(f"Unknown client type {client_type!r}.", field="client_type")
     check_client_topics(topics)
+    check_client_texts(language=language, version=version, hostname=hostname)
+
+
+def check_client_texts(*, language: str, version: str, hostname: str = "") -> None:
+    """A client's language, version and hostname fit their columns and can be stored, whether
+    they came in Telemetry settings or in the x-mq-language and x-mq-client-version headers of
+    any call (refused there too, never cut: docs/decisions/0076)."""
     bounded = (
         ("language", language, MAX_CLIENT_LANGUAGE_CHARS),
         ("version", version, MAX_CLIENT_VERSION_CHARS),

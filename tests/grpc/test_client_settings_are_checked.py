@@ -3,8 +3,9 @@ checked before its row is written (services/clients.py, limits.check_client_id/c
 the real server with raw stubs: no client id is CLIENT_ID_REQUIRED and claims nothing (not "" for
 every token), a client id too long for its row is refused, never cut; an unknown client type is
 UNRECOGNIZED_CLIENT_TYPE, a bad topic ILLEGAL_TOPIC, other junk BAD_REQUEST, each as a status
-(in the Heartbeat answer, or on the stream, which stays open), and nothing is stored. Each has
-a positive control: the good call is answered OK and stored."""
+(in the Heartbeat answer, or on the stream, which stays open), and nothing is stored. The
+x-mq-language and x-mq-client-version headers are held to the settings' widths on every call,
+never cut. Each has a positive control: the good call is answered OK and stored."""
 
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from apps.broker.models import GrpcClient
+from apps.broker import limits
+from apps.broker.models import CommitLogEntry, GrpcClient
 from tests.grpc.conftest import GrpcServer, Setup
-from tests.support.grpc import Telemetry, signed
+from tests.support.grpc import Telemetry, raw_message, signed
 
 pytestmark = pytest.mark.e2e
 
@@ -153,3 +155,69 @@ def test_junk_in_telemetry_settings_is_answered_with_a_status_and_not_stored(
         "shop-1",
         "PYTHON",
     )
+
+
+def with_header(meta: list[tuple[str, str]], name: str, value: str) -> list[tuple[str, str]]:
+    """Signed metadata with one header's value replaced (the signature covers x-mq-date-time
+    only)."""
+    return [(key, value if key == name else given) for key, given in meta]
+
+
+# The headers that describe a client, their widths and their one character too many.
+HEADERS = [
+    ("x-mq-client-version", "version", limits.MAX_CLIENT_VERSION_CHARS),
+    ("x-mq-language", "language", limits.MAX_CLIENT_LANGUAGE_CHARS),
+]
+
+
+@pytest.mark.parametrize(("header", "field", "most"), HEADERS, ids=[h[1] for h in HEADERS])
+def test_an_over_long_client_header_is_refused_as_the_settings_are(
+    grpc_server: GrpcServer,
+    rocketmq_setup: Callable[..., Setup],
+    stub: MessagingServiceStub,
+    streams: list[Telemetry],
+    header: str,
+    field: str,
+    most: int,
+) -> None:
+    """x-mq-language and x-mq-client-version are checked by the settings' rule on every call
+    (limits.check_client_texts, decision 0076), never cut: BAD_REQUEST with the settings'
+    sentence, nothing stored. The positive controls: the official Python client's own values
+    and values of exactly the width."""
+    setup = rocketmq_setup()
+    client_id = "host@1@0@producer"
+    official = signed(grpc_server, setup, client_id)
+    assert dict(official)[header] in {"PYTHON", "5.1.2"}  # what the client sends
+    # The settings' answer to a value one character too long, where the settings carry it.
+    sentence = f"A client's {field} has at most {most} characters."
+    if field == "version":
+        stream = Telemetry(stub, signed(grpc_server, setup, "host@2@0@producer"))
+        streams.append(stream)
+        stream.outgoing.put(producer_settings([setup.topic], agent={"version": "1" * (most + 1)}))
+        answer = stream.next()
+        assert answer is not None
+        assert (answer.status.code, answer.status.message) == (pb.BAD_REQUEST, sentence)
+    meta = with_header(signed(grpc_server, setup, client_id), header, "1" * (most + 1))
+    send = rpc.SendMessageRequest(messages=[raw_message(setup.topic)])
+    answers = [
+        stub.Heartbeat(rpc.HeartbeatRequest(client_type=pb.PRODUCER), metadata=meta).status,
+        stub.SendMessage(send, metadata=meta).status,
+        stub.QueryRoute(
+            rpc.QueryRouteRequest(topic=pb.Resource(name=setup.topic)), metadata=meta
+        ).status,
+    ]
+    assert [(a.code, a.message) for a in answers] == [(pb.BAD_REQUEST, sentence)] * 3
+    stream = Telemetry(stub, meta)
+    streams.append(stream)
+    refused = stream.next()
+    assert refused is not None
+    assert (refused.status.code, refused.status.message) == (pb.BAD_REQUEST, sentence)
+    assert stream.next() is None
+    assert not GrpcClient.objects.filter(client_id=client_id).exists()
+    assert not CommitLogEntry.objects.exists()
+    # The positive controls: the official client's values, and values of exactly the width.
+    for good in (official, with_header(official, header, "1" * most)):
+        heartbeat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
+        assert stub.Heartbeat(heartbeat, metadata=good).status.code == pb.OK
+        assert stub.SendMessage(send, metadata=good).status.code == pb.OK
+    assert CommitLogEntry.objects.count() == 1  # the same message id, sent twice

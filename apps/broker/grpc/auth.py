@@ -13,7 +13,7 @@ from django.conf import settings
 
 from apps.broker import access, limits
 from apps.broker.api.throttling import Counted, epoch_and_count
-from apps.broker.grpc.protocol import Code, Refusal
+from apps.broker.grpc.protocol import Code, Refusal, client_refusal
 from apps.broker.services import credentials
 
 _AUTHORIZATION = re.compile(
@@ -43,7 +43,8 @@ def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
     """The signed caller, or UNAUTHORIZED: the signature checked here (docs/decisions/0022,
     0035), the token looked up by the access module under the current configuration epoch, as
     the REST door's (docs/decisions/0046); with this call's count against the token's rate
-    limit when it was made in the epoch's round trip (None: count it). Reads Redis and maybe
+    limit when it was made in the epoch's round trip (None: count it). Its language and version
+    headers, past the widths the settings are held to: BAD_REQUEST. Reads Redis and maybe
     Postgres: run it off the event loop."""
     match = _AUTHORIZATION.fullmatch(metadata.get("authorization", "").strip())
     date_time = metadata.get("x-mq-date-time", "")
@@ -72,14 +73,19 @@ def caller_of(metadata: Mapping[str, str]) -> tuple[Caller, Counted | None]:
         raise Refusal(
             Code.UNAUTHORIZED, "The access key is unknown or revoked, or the signature is wrong."
         )
+    language = metadata.get("x-mq-language", "")
+    version = metadata.get("x-mq-client-version", "")
+    try:
+        # The settings' rule for the same values, never a cut (docs/decisions/0076).
+        limits.check_client_texts(language=language, version=version)
+    except limits.LimitError as error:
+        raise client_refusal(error) from None
     caller = Caller(
         principal=principal,
         # Never cut: a client id too long for its row is refused where rows are written
         # (services/clients.client_claim), not merged with another that shares its prefix.
         client_id=metadata.get("x-mq-client-id", ""),
-        # The headers only describe the client (shown in the console): cut to the widths the
-        # settings' own copies are refused past (limits.check_client).
-        language=metadata.get("x-mq-language", "")[: limits.MAX_CLIENT_LANGUAGE_CHARS],
-        version=metadata.get("x-mq-client-version", "")[: limits.MAX_CLIENT_VERSION_CHARS],
+        language=language,
+        version=version,
     )
     return caller, counted

@@ -72,8 +72,9 @@ _CLIENT_CODES = {"client_type": Code.UNRECOGNIZED_CLIENT_TYPE, "topics": Code.IL
 
 
 def client_refusal(error: limits.LimitError) -> Refusal:
-    """The protocol code for a client row refused (limits.check_client_id, check_client): no
-    client id is CLIENT_ID_REQUIRED, as RocketMQ's proxy answers."""
+    """The protocol code for a client row or header refused (limits.check_client_id,
+    check_client, check_client_texts): no client id is CLIENT_ID_REQUIRED, as RocketMQ's proxy
+    answers."""
     if isinstance(error, limits.MissingValue) and error.field == "client_id":
         return Refusal(Code.CLIENT_ID_REQUIRED, str(error))
     return Refusal(_CLIENT_CODES.get(error.field, Code.BAD_REQUEST), str(error))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from txhub_client.http import Api, TxhubError
+from txhub_client.http import DEFAULT_RETRY_BUDGET, Api, TxhubError
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +33,10 @@ class Message:
     deliver_at: datetime | None = None  # timezone-aware
     # Messages of one group are received in order by a FIFO consumer group; never delayed.
     message_group: str | None = None
-    # Sent as Idempotency-Key: retries of this message never store it twice. A random one is made
-    # when unset; set your own (e.g. "order-9527-created") to be safe across process restarts.
+    # Sent as Idempotency-Key. Unset, each send makes a random one that only its own retries reuse
+    # (never written here): sending this object again stores it again. Set your own (e.g.
+    # "order-9527-created") to store it once across sends and process restarts: a repeat gets
+    # the first answer, a changed one 409 (docs/decisions/0082).
     idempotency_key: str | None = None
     # Filled in by txhub:
     msg_id: str | None = None
@@ -93,6 +95,17 @@ class TransactionSendResult:
     queue_offset: int | None = None
     error: BaseException | None = None  # what went wrong locally or on the end call, if anything
 
+    @property
+    def diverged(self) -> bool:
+        """The local transaction and the message ended differently: txhub had resolved the
+        transaction the other way (check-back, an operator) before the end call arrived, which
+        was refused 409 `transaction_resolved` (in `error`). Reconcile the local side."""
+        opposite = {
+            LocalTransactionState.COMMIT_MESSAGE: "ROLLED_BACK",
+            LocalTransactionState.ROLLBACK_MESSAGE: "COMMITTED",
+        }
+        return opposite.get(self.local_transaction_state) == self.state
+
 
 class TransactionListener(Protocol):
     def execute_local_transaction(self, message: Message, arg: Any) -> LocalTransactionState: ...
@@ -104,16 +117,27 @@ class Producer:
     """Normal and delayed messages."""
 
     def __init__(
-        self, url: str, token: str, group: str, *, timeout: float = 30, retries: int = 3
+        self,
+        url: str,
+        token: str,
+        group: str,
+        *,
+        timeout: float = 30,
+        retries: int | None = None,
+        retry_budget: float = DEFAULT_RETRY_BUDGET,
     ) -> None:
-        self.api = Api(url, token, timeout=timeout)
+        """`timeout` bounds each request; keyed and repeatable calls are retried on connection
+        errors, timeouts, 429 and 503 for up to `retry_budget` seconds in all, at most `retries`
+        times (None: as often as the budget allows; 0: never). See Api.call."""
+        self.api = Api(url, token, timeout=timeout, retry_budget=retry_budget)
         self.group = group
-        self.retries = retries  # on connection errors, timeouts and 503, with the same key
+        self.retries = retries
 
-    def _key(self, message: Message) -> str:
-        if message.idempotency_key is None:
-            message.idempotency_key = uuid.uuid4().hex
-        return message.idempotency_key
+    @staticmethod
+    def _key(message: Message) -> str:
+        """The caller's key, or a new one for this call alone: a key written back onto the
+        message would make its next send a replay of this one (docs/decisions/0082)."""
+        return message.idempotency_key or uuid.uuid4().hex
 
     def send(self, message: Message) -> SendResult:
         answer = self.api.call(
@@ -196,6 +220,13 @@ def _one_topic(messages: list[Message]) -> str:
     return topics.pop()
 
 
+def _resolved_elsewhere(error: TxhubError) -> str | None:
+    """The state a 409 `transaction_resolved` says the transaction already has (resolved the
+    other way before the end call came), else None."""
+    state = error.details.get("state") if error.code == "transaction_resolved" else None
+    return state if error.status == 409 and isinstance(state, str) else None
+
+
 def _item(message: Message, group: str) -> dict[str, Any]:
     data = message.payload(group)
     del data["producer_group"]  # named once by the batch
@@ -213,10 +244,13 @@ class TransactionProducer(Producer):
         listener: TransactionListener,
         *,
         timeout: float = 30,
-        retries: int = 3,
+        retries: int | None = None,
+        retry_budget: float = DEFAULT_RETRY_BUDGET,
         check_immunity_seconds: int | None = None,
     ) -> None:
-        super().__init__(url, token, group, timeout=timeout, retries=retries)
+        super().__init__(
+            url, token, group, timeout=timeout, retries=retries, retry_budget=retry_budget
+        )
         self.listener = listener
         self.check_immunity_seconds = check_immunity_seconds
 
@@ -256,8 +290,19 @@ class TransactionProducer(Producer):
                     repeatable=True,
                 )
                 state, offset = ended["state"], ended.get("queue_offset")
-            except (TxhubError, OSError) as exc:
-                # The end call is lost: the transaction stays PREPARED and check-back settles it.
+            except TxhubError as exc:
+                error = exc
+                state = _resolved_elsewhere(exc) or state
+                if state == "PREPARED":  # the end call is lost: check-back settles it
+                    logger.warning("ending transaction %s failed: %s", message.transaction_id, exc)
+                else:
+                    logger.error(
+                        "transaction %s was already %s: the local transaction ended %s",
+                        message.transaction_id,
+                        state,
+                        local.value,
+                    )
+            except OSError as exc:  # requests' errors: the end call is lost, as above
                 logger.warning("ending transaction %s failed: %s", message.transaction_id, exc)
                 error = exc
         return TransactionSendResult(

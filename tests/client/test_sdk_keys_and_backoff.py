@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import requests
+from django.conf import settings
+from django.core.cache import caches
 from txhub_client import (
     LocalTransactionState,
     Message,
@@ -18,6 +20,7 @@ from txhub_client import (
     TxhubError,
 )
 
+from apps.broker.api.throttling import TokenRateThrottle
 from apps.broker.models import CommitLogEntry, HalfMessage
 from apps.broker.services import registry
 from tests.conftest import start_gunicorn
@@ -110,15 +113,15 @@ def throttled(shop: dict[str, Any]) -> Iterator[dict[str, Any]]:
         port, workers=1, threads=2, extra_env={"TXHUB_THROTTLE_RATE": f"{RATE}/s"}
     )
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "token": raw}
+        yield {"url": f"http://127.0.0.1:{port}", "token": raw, "id": created.pk}
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)
 
 
-def spend_the_budget(throttled: dict[str, Any]) -> float:
+def spend_the_budget(throttled: dict[str, Any]) -> tuple[float, int]:
     """Sends until the server answers 429 early in a one-second window, so the next call lands in
-    the same window; returns its Retry-After."""
+    the same window; returns its Retry-After and the window."""
     url = throttled["url"] + "/api/v1/topics/orders/messages"
     headers = {"Authorization": f"Bearer {throttled['token']}"}
     for _ in range(10):
@@ -127,9 +130,20 @@ def spend_the_budget(throttled: dict[str, Any]) -> float:
             answer = requests.post(
                 url, json={"producer_group": "shop", "body": "spent"}, headers=headers, timeout=30
             )
-        if answer.status_code == 429 and time.time() % 1 < 0.6:
-            return float(answer.headers["Retry-After"])
+        now = time.time()
+        if answer.status_code == 429 and now % 1 < 0.6:
+            return float(answer.headers["Retry-After"]), int(now)
     raise AssertionError("never throttled early in a window")
+
+
+def counted(token_id: int, window: int) -> int:
+    """The requests the server counted for the token in a one-second window."""
+    key = TokenRateThrottle.cache_format % {
+        "scope": TokenRateThrottle.scope,
+        "ident": token_id,
+        "window": window,
+    }
+    return int(caches[settings.TXHUB_THROTTLE_CACHE].get(key, 0))
 
 
 @pytest.mark.e2e
@@ -138,10 +152,13 @@ def test_a_429_is_retried_after_its_retry_after_and_stored_once(
     throttled: dict[str, Any],
 ) -> None:
     producer = Producer(throttled["url"], throttled["token"], "shop")
-    retry_after = spend_the_budget(throttled)
+    retry_after, window = spend_the_budget(throttled)
     start = time.monotonic()
     sent = producer.send(Message("orders", "order 9535 created"))
     assert time.monotonic() - start >= retry_after  # waited what it was told, not 0.2 s
+    # The server counted one attempt of the SDK in the throttled window (a retry after 0.2 s
+    # and 0.6 s would land there too), the budget's RATE and the 429 before it.
+    assert counted(throttled["id"], window) == RATE + 2
     assert [r.msg_id for r in CommitLogEntry.objects.filter(body=b"order 9535 created")] == [
         sent.msg_id
     ]
@@ -154,10 +171,11 @@ def test_a_429_is_retried_after_its_retry_after_and_stored_once(
         lambda: impatient.send(Message("orders", "order 9536 created")),
         lambda: consumer.receive(),
     ):
-        spend_the_budget(throttled)
+        _, window = spend_the_budget(throttled)
         start = time.monotonic()
         with pytest.raises(TxhubError) as refused:
             call()
         assert time.monotonic() - start < 0.5
         assert (refused.value.status, refused.value.retry_after) == (429, retry_after)
+        assert counted(throttled["id"], window) == RATE + 2
     assert not CommitLogEntry.objects.filter(body=b"order 9536 created").exists()

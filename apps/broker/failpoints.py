@@ -26,6 +26,7 @@ SITES = frozenset(
         "after_ack_before_answer",
         "after_check_answer_before_write",
         "after_check_read_before_lock",
+        "during_check_call",
     }
 )
 _ACTION = re.compile(

@@ -22,12 +22,14 @@ from urllib.parse import urlsplit
 
 import requests
 import urllib3
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.utils import timezone
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from apps.broker import failpoints
 from apps.broker.models import HalfMessage, ProducerGroup
 from apps.broker.services.errors import CallbackRefused
 
@@ -76,10 +78,38 @@ TRANSLATED_NETWORKS = [
 
 
 def resolve(host: str, port: int) -> list[str]:
-    """The one DNS lookup of a call (the boundary the DNS-rebinding test patches): every address
-    is checked, and the connection goes to a checked one, never to a second lookup's answer."""
+    """The one DNS lookup of a call (the boundary the DNS-rebinding and slow-DNS tests patch):
+    every address is checked, and the connection goes to a checked one, never to a second
+    lookup's answer."""
     infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _resolve_within(host: str, port: int, seconds: float) -> list[str]:
+    """resolve(), waited on for `seconds` at most. getaddrinfo is C code that neither the call's
+    timer nor Celery's soft time limit can interrupt, so it runs in a thread of its own and a
+    lookup still going at the deadline is left behind, to end when the system's resolver gives
+    up (docs/decisions/0083). A thread per lookup, not a shared pool: one group's hung lookups
+    never queue another group's."""
+    answer: list[list[str]] = []
+    failure: list[Exception] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            answer.append(resolve(host, port))
+        except Exception as error:  # handed to the caller, who decides what a failure is
+            failure.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, name="check-url-lookup", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        message = f"the host name was not resolved within TXHUB_CHECK_HTTP_TIMEOUT ({seconds:g} s)"
+        raise _CallFailed(message, reached=False)
+    if failure:
+        raise failure[0]
+    return answer[0]
 
 
 def _address_refused(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -88,13 +118,14 @@ def _address_refused(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> 
     return address.version == 6 and any(address in net for net in TRANSLATED_NETWORKS)
 
 
-def callback_url_check(url: str) -> list[str]:
+def callback_url_check(url: str, *, within: float | None = None) -> list[str]:
     """Refuses URLs that would let a producer group make txhub call internal services (SSRF):
     private, link-local (cloud metadata), reserved and multicast addresses, and IPv6 forms that
     embed an IPv4 address (NAT64, 6to4, Teredo, mapped, compatible), unless allowed by
     TXHUB_CALLBACK_ALLOWED_HOSTS; http:// unless TXHUB_ALLOW_HTTP_CALLBACKS. Checked at
     registration and again before every call. Returns the checked addresses (the call connects
-    to the first)."""
+    to the first). `within`: the call's time left; a lookup that takes longer raises _CallFailed
+    (docs/decisions/0083)."""
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise CallbackRefused("A check URL must be http(s)://host/...")
@@ -105,7 +136,10 @@ def callback_url_check(url: str) -> list[str]:
         )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = resolve(parts.hostname, port)
+        if within is None:
+            addresses = resolve(parts.hostname, port)
+        else:
+            addresses = _resolve_within(parts.hostname, port, within)
     except (OSError, ValueError, UnicodeError):
         raise CallbackRefused(f"The host {parts.hostname!r} does not resolve.") from None
     if not addresses:
@@ -223,14 +257,19 @@ def _pinned_adapter(address: str, sockets: list[socket.socket]) -> HTTPAdapter:
 
 
 def bounded_post(url: str, *, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    """POSTs with TXHUB_CHECK_HTTP_TIMEOUT bounding the whole call, connect to last byte (a
-    per-read timeout lets an endpoint dripping a byte a second hold a worker forever): a timer
-    shuts the sockets at the deadline, which ends any read in progress. The answer is read up to
+    """POSTs with TXHUB_CHECK_HTTP_TIMEOUT bounding the whole call, host name lookup to last byte
+    (a per-read timeout lets an endpoint dripping a byte a second hold a worker forever): the
+    lookup is waited on only until the deadline (docs/decisions/0083), then a timer shuts the
+    sockets at the deadline, which ends any read in progress. The answer is read up to
     MAX_ANSWER_BYTES; no redirects, no proxies or .netrc from the environment, no compression.
     Returns (status, body); a non-200 answer's body is not read."""
     timeout = settings.TXHUB_CHECK_HTTP_TIMEOUT
     deadline = time.monotonic() + timeout
-    addresses = callback_url_check(url)
+    addresses = callback_url_check(url, within=timeout)
+    # What the lookup left of the deadline bounds the rest of the call.
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _CallFailed(_deadline_text(timeout), reached=False)
     host_header = urlsplit(url).netloc.rpartition("@")[2]
     sockets: list[socket.socket] = []
     expired = threading.Event()
@@ -241,7 +280,7 @@ def bounded_post(url: str, *, data: bytes, headers: dict[str, str]) -> tuple[int
             with contextlib.suppress(OSError):  # already closed: nothing left to interrupt
                 sock.shutdown(socket.SHUT_RDWR)
 
-    timer = threading.Timer(timeout, expire)
+    timer = threading.Timer(left, expire)
     timer.daemon = True
     with requests.Session() as session:
         session.trust_env = False  # no proxy or credentials taken from the worker's environment
@@ -249,12 +288,14 @@ def bounded_post(url: str, *, data: bytes, headers: dict[str, str]) -> tuple[int
         session.mount("https://", _pinned_adapter(addresses[0], sockets))
         timer.start()
         try:
+            if failpoints.ARMED:
+                failpoints.hit("during_check_call")
             response = session.post(
                 url,
                 data=data,
                 # The URL's host, not the pinned address the connection goes to.
                 headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
-                timeout=(timeout, timeout),
+                timeout=(left, left),
                 allow_redirects=False,
                 stream=True,
             )
@@ -354,6 +395,13 @@ def _post_signed(group: ProducerGroup, payload: dict[str, Any]) -> CheckResult:
     except CallbackRefused as error:
         latency = int((time.monotonic() - started) * 1000)
         return CheckResult("UNKNOWN", False, None, error.message, latency, webhook_id)
+    except SoftTimeLimitExceeded:
+        # The check task's soft time limit (checkback.check_soft_time_limit), the backstop
+        # should anything in the call outlast its own deadline: no answer, so recorded as an
+        # unreachable attempt, which backs off (docs/decisions/0083).
+        latency = int((time.monotonic() - started) * 1000)
+        error_text = "the check task's soft time limit ended the call"
+        return CheckResult("UNKNOWN", False, None, error_text, latency, webhook_id)
     latency = int((time.monotonic() - started) * 1000)
     answer, error_text = parse_answer(status, body)
     return CheckResult(answer, True, status, error_text, latency, webhook_id)

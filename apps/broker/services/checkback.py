@@ -82,7 +82,8 @@ WHERE id = %(id)s AND checking_until = %(claimed_until)s
 
 def check_soft_time_limit() -> float:
     """The check task's soft time limit (apps/broker/tasks.py): the call's bound plus a margin;
-    it raises in the task, which ends the check without an answer (docs/decisions/0009, 0064)."""
+    it raises in the task, and a check it ends inside the call is recorded as unreachable
+    (docs/decisions/0009, 0064, 0083)."""
     return settings.TXHUB_CHECK_HTTP_TIMEOUT + 5
 
 

@@ -18,14 +18,31 @@ import os
 import re
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 # What is kept at most before it is written without waiting for the turn to end.
 KEEP_AT_MOST = 64 * 1024
 
+# Pipelined requests one connection may hold waiting behind the one being answered; the next is
+# answered 503 (docs/decisions/0077).
+MAX_PIPELINED_REQUESTS = 32
+
 # Where a request's head ends: its empty line (a bare LF too, as the parser allows it).
 _HEAD_END = re.compile(rb"\n\r?\n")
+# The empty lines the parser skips before a request: no part of its head (decision 0077).
+_LINE_ENDS = b"\r\n"
+_EMPTY_LINES = re.compile(rb"[\r\n]*")
+
+
+# No read being parsed (see CoalescingHttpToolsProtocol._anchor).
+_NO_READ = (b"", 0, 0, False)
+
+
+class _StopParsing(Exception):
+    """Raised in a parser callback: the request being parsed is refused, nothing after it is
+    parsed (httptools stops at a callback's exception)."""
 
 
 class CoalescingTransport:
@@ -82,7 +99,10 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     TXHUB_WEB_REQUEST_READ_SECONDS of its first byte (of the connection's start, for the first:
     a connection that never sends would be kept for ever), else the connection is closed; and its
     line and headers have at most TXHUB_WEB_MAX_HEADER_BYTES, else 431. A request that has arrived
-    may then take its time (a long poll waits up to 20 s): the deadline is for reading only."""
+    may then take its time (a long poll waits up to 20 s): the deadline is for reading only.
+    Pipelined requests (decision 0077): each head is counted wherever its bytes arrive, at most
+    MAX_PIPELINED_REQUESTS wait behind the one being answered (503 past it), and a refusal is
+    sent after the answers owed to the requests before it."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         from django.conf import settings
@@ -91,31 +111,67 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(coalescing)  # type: ignore[arg-type]
         self._read_seconds = float(settings.TXHUB_WEB_REQUEST_READ_SECONDS)
         self._max_head = int(settings.TXHUB_WEB_MAX_HEADER_BYTES)
-        # The head's bytes so far while one arrives (None: reading its body); its last 2 bytes,
-        # where the empty line that ends it may have begun.
+        # The head's bytes so far while one arrives (None: reading its body; 0: none yet); its
+        # last 2 bytes, where the empty line that ends it may have begun.
         self._head_bytes: int | None = 0
         self._head_tail = b""
+        # While a read is parsed: the read, an offset in it at or before where the next request
+        # can begin (where the body of the one in progress begins), that body's size then, and
+        # whether the offset is exact (decision 0077).
+        self._anchor = _NO_READ
+        self._refusal: bytes | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._arm_deadline()
 
     def data_received(self, data: bytes) -> None:
         # Counted before the parser sees a byte (decision 0033): a head that arrives in one read
         # is parsed whole in one call, and a URL past 65,535 bytes fails in the parser itself.
-        if self._head_bytes is not None:
-            seen = self._head_tail + data
-            end = _HEAD_END.search(seen)
-            self._head_bytes += len(data) if end is None else end.end() - len(self._head_tail)
-            self._head_tail = seen[-2:] if end is None else b""
-            if self._head_bytes > self._max_head:
+        count = self._head_bytes
+        if count is not None:
+            start = 0
+            if not count:
+                self._arm_deadline()  # a request's first bytes, or empty lines (decision 0077)
+                if data[0] in _LINE_ENDS:
+                    start = _EMPTY_LINES.match(data).end()  # type: ignore[union-attr]
+            tail = self._head_tail
+            seen = tail + data
+            end = _HEAD_END.search(seen, start)
+            body_at = len(data) if end is None else end.end() - len(tail)
+            count += body_at - start
+            self._head_bytes = count
+            self._head_tail = b"" if end is not None or not count else seen[-2:]
+            if count > self._max_head:
                 self._refuse(431, "The request line and headers are too large.")
                 return
-        super().data_received(data)
+            self._anchor = (data, body_at, 0, True)
+        else:
+            cycle = self.cycle
+            self._anchor = (data, 0, len(cycle.body) if cycle is not None else 0, True)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            if self._refusal is None:  # else a callback stopped the parser: already refused
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+        finally:
+            self._anchor = _NO_READ  # the read is not kept
 
     def on_message_begin(self) -> None:
+        if self._head_bytes == 0:  # a request began in the read where the one before it ended
+            self._count_pipelined_head()
         super().on_message_begin()
         self._arm_deadline()
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED_REQUESTS:
+            self._refuse(503, "Too many pipelined requests on one connection.")
+            raise _StopParsing
         self._head_bytes = None
         super().on_headers_complete()
 
@@ -123,6 +179,32 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._head_bytes, self._head_tail = 0, b""  # the next request's head
         self._disarm_deadline()
+
+    def _count_pipelined_head(self) -> None:
+        """Counts the head of a request that began in the read being parsed, behind one that
+        ended in it (pipelined): from where the one before it ended, which is exact after no body
+        or one of known length; after a chunked body (its framing is the parser's alone) or one
+        not kept (an answered request's), from that body's start in the read, which may count
+        more than the head (decision 0077)."""
+        data, offset, body_before, exact = self._anchor
+        cycle = self.cycle
+        if exact and cycle is not None and not cycle.response_complete:
+            offset += len(cycle.body) - body_before  # the body before it in this read
+            exact = not any(name == b"transfer-encoding" for name, _ in self.headers)
+        else:
+            exact = False
+        if exact:
+            start = _EMPTY_LINES.match(data, offset).end()  # type: ignore[union-attr]
+            end = _HEAD_END.search(data, start)
+            offset = len(data) if end is None else end.end()
+            count = offset - start
+        else:
+            count = len(data) - offset
+        self._anchor = (data, offset, 0, exact)
+        self._head_bytes, self._head_tail = count, data[-2:]
+        if count > self._max_head:
+            self._refuse(431, "The request line and headers are too large.")
+            raise _StopParsing
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser refused (uvicorn's plain-text 400): in the API's format."""
@@ -162,15 +244,38 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
-        """The contract's JSON error, then close: no application saw the request."""
+        """The contract's JSON error, then close: no application saw the request. Nothing more
+        is read; answers owed to requests before it go first, as HTTP/1.1 answers go in the
+        order of the requests (decision 0077)."""
         self._disarm_deadline()
-        if self.transport.is_closing():
+        if self._refusal is not None or self.transport.is_closing():
             return
-        self.transport.write(_refusal(status, message))
-        self.transport.close()
+        self._refusal = _refusal(status, message)
+        owed = self.cycle  # the newest request: queued requests are answered before it
+        if owed is None or owed.response_complete:
+            self._send_refusal()
+            return
+        self.flow.pause_reading()
+        answered = owed.on_response
+
+        def then_refuse() -> None:
+            answered()
+            self._send_refusal()
+
+        owed.on_response = then_refuse
+
+    def _send_refusal(self) -> None:
+        if self._refusal is not None and not self.transport.is_closing():
+            self.transport.write(self._refusal)
+            self.transport.close()
 
 
-_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 def _refusal(status: int, message: str) -> bytes:

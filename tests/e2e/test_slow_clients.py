@@ -222,3 +222,26 @@ def test_past_the_connection_limit_requests_are_503_until_the_slow_ones_are_gone
     assert refused.status_code == 503
     assert closed_by_the_server(lorises, timeout=DEADLINE + 10) == 25
     assert prepare_and_commit(port, headers) == (201, 200)
+
+
+def test_empty_lines_after_an_answer_do_not_keep_the_connection_open(web: Any) -> None:
+    """Empty lines before a request are no part of it (the parser skips them) but start its read
+    deadline (docs/decisions/0077): a connection that sends only those after an answer is closed
+    at the deadline, as one that sends half a head."""
+    port, _ = web
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.settimeout(0.5)
+        started = time.monotonic()
+        answer = b""
+        while time.monotonic() - started < DEADLINE + 8:
+            sock.sendall(b"\r\n")
+            try:
+                answer = sock.recv(4096)
+                break
+            except TimeoutError:
+                continue
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert time.monotonic() - started < DEADLINE + 3

@@ -364,8 +364,7 @@ TXHUB_WEB_MAX_CONNECTIONS = env_int("TXHUB_WEB_MAX_CONNECTIONS", 2048)
 TXHUB_WEB_REQUEST_READ_SECONDS = env_float("TXHUB_WEB_REQUEST_READ_SECONDS", 10.0)
 TXHUB_WEB_MAX_HEADER_BYTES = env_int("TXHUB_WEB_MAX_HEADER_BYTES", 64 * 1024)
 # The hot calls (prepare, commit, rollback, send, receive, ack, their batches) answered by the same
-# views without Django's request cycle (apps/broker/api/lean.py, docs/decisions/0027); 0: Django
-# answers everything.
+# views without Django's request cycle (apps/broker/api/lean.py, decision 0027); 0: Django does.
 TXHUB_LEAN_DOOR = env_bool("TXHUB_LEAN_DOOR", True)
 
 # Check-back (CONTRACT section 4), in seconds; RocketMQ's names in the comments.
@@ -403,8 +402,9 @@ TXHUB_CALLBACK_ALLOWED_HOSTS = env_list("TXHUB_CALLBACK_ALLOWED_HOSTS", "127.0.0
 TXHUB_SECRET_ROTATION_GRACE = env_float("TXHUB_SECRET_ROTATION_GRACE", 24 * 3600)
 # A retry with the same Idempotency-Key within this many seconds answers the first answer.
 TXHUB_IDEMPOTENCY_TTL = env_float("TXHUB_IDEMPOTENCY_TTL", 24 * 3600)
-# Resolved transactions, their op records and delivered commit-log rows older than this go.
+# What is older than this and finished is deleted (docs/decisions/0080 says what is finished).
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
+TXHUB_DLQ_RETENTION = env_float("TXHUB_DLQ_RETENTION", 72 * 3600)  # from its dead-lettering
 # The nightly reconciliation (spark_jobs/reconcile.py), launched with spark-submit.
 TXHUB_SPARK_MASTER = env_str("TXHUB_SPARK_MASTER", "local[2]")
 TXHUB_SPARK_DRIVER_MEMORY = env_str("TXHUB_SPARK_DRIVER_MEMORY", "2g")

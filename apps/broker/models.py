@@ -415,7 +415,7 @@ class RecalledMessage(MessageFields):
     producer_group = models.CharField(max_length=127)
     transaction_id = models.UUIDField(null=True, blank=True, unique=True)
     deliver_at = models.DateTimeField()  # when it would have been delivered
-    recalled_at = models.DateTimeField(default=timezone.now)
+    recalled_at = models.DateTimeField(default=timezone.now, db_index=True)  # retention sweeps
     recalled_by = models.CharField(max_length=150)  # the token's name
     door = models.CharField(max_length=16)  # "rest" or "grpc"
 

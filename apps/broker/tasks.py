@@ -20,6 +20,7 @@ from apps.broker.services import (
     delivery,
     idempotency,
     reconciliation,
+    retention,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def deliveries_expire_scan() -> int:
 
 @shared_task(acks_late=True)
 def retention_sweep() -> dict[str, int]:
-    swept = delivery.retention_sweep()
+    swept = retention.retention_sweep()
     swept["idempotency_keys"] = idempotency.idempotency_sweep()
     swept["grpc_clients"] = clients.clients_sweep()
     _did("retention_sweep", **swept)

@@ -21,7 +21,7 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
-from apps.broker.services import dead_letters, fifo, handles
+from apps.broker.services import dead_letters, fifo, handles, retention
 from apps.broker.services.errors import invalid
 from apps.broker.services.queue_reads import ENTRIES_SQL, MOVE_CURSORS_SQL
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
@@ -394,6 +394,9 @@ def _insert_deliveries(
 def _ensure_cursors(group: ConsumerGroup, topic: Topic) -> None:
     if ConsumerCursor.objects.filter(group=group, topic=topic).count() == topic.queues:
         return
+    # Lock: the retention sweep deletes none of the topic's rows while this receive makes its
+    # cursors (from offset 0) and reads from them (docs/decisions/0080).
+    retention.hold_for_new_cursors(topic_id=topic.pk)
     queues = MessageQueue.objects.filter(topic=topic)
     ConsumerCursor.objects.bulk_create(
         [

@@ -11,9 +11,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from apps.broker import limits
-from apps.broker.clock import db_now
 from apps.broker.metrics import DELAY_LATENESS, observe_all
-from apps.broker.models import CommitLogEntry, DelayedMessage
+from apps.broker.models import DelayedMessage
 from apps.broker.services import scans
 from apps.broker.services.errors import invalid
 from apps.broker.services.sending import Appended, OutgoingMessage, commit_log_append
@@ -151,23 +150,3 @@ def delayed_deliver_for(*, seconds: float) -> int:
         moved += batch
         if not batch:  # due, but another scan holds it (SKIP LOCKED): ask again shortly
             time.sleep(0.005)
-
-
-def retention_sweep(*, batch: int = 5000) -> dict[str, int]:
-    """Deletes what is older than TXHUB_RETENTION and finished: resolved half messages (with their
-    op records) and commit-log rows (with their deliveries). Never anything unresolved."""
-    from apps.broker.models import HalfMessage, TransactionState
-
-    cutoff = db_now() - timedelta(seconds=settings.TXHUB_RETENTION)
-    halves = HalfMessage.objects.filter(
-        state__in=[TransactionState.COMMITTED, TransactionState.ROLLED_BACK], resolved_at__lt=cutoff
-    )
-    half_ids = list(halves.values_list("pk", flat=True)[:batch])
-    entries = list(
-        CommitLogEntry.objects.filter(stored_at__lt=cutoff).values_list("pk", flat=True)[:batch]
-    )
-    # only("pk"): the deletion never reads the rows' other columns, so a row whose timestamps
-    # cannot be read back (scans.py) goes like any other instead of failing the sweep.
-    HalfMessage.objects.filter(pk__in=half_ids).only("pk").delete()
-    CommitLogEntry.objects.filter(pk__in=entries).only("pk").delete()
-    return {"half_messages": len(half_ids), "commit_log": len(entries)}

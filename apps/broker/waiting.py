@@ -4,9 +4,10 @@ The REST door (its ASGI handler and the lean door; the WSGI test client too) and
 ReceiveMessage make a waiting receive the same way:
 
 1. `first_try` (a worker thread, with the database): one receive, skipped without a query when
-   this process knows the (topic, group) empty (wakeups.py, "Known empty", decision 0026); when
-   it found nothing and the caller may wait, the plan to wait with. The topic's wake-up count is
-   read before the try: a wake-up that arrives after it is not missed.
+   this process knows the (topic, group, tag filter) empty (wakeups.py, "Known empty",
+   decisions 0026 and 0081); when it found nothing and the caller may wait, the plan to wait
+   with. The topic's wake-up count is read before the try: a wake-up that arrives after it is
+   not missed.
 2. `wait` (the event loop, decision 0024): on this process's wake-up hub, woken by NOTIFY or the
    hub's fallback check, trying again in the door's worker thread each time; no thread and no
    connection held meanwhile. The token revoked meanwhile raises wakeups.Revoked (decision 0034).
@@ -36,14 +37,14 @@ def first_try(plan: WaitPlan) -> tuple[list[Received], WaitPlan | None]:
     the_hub = wakeups.hub()
     mark = the_hub.mark(plan.topic.pk)
     received: list[Received] = []
-    if plan.wait_seconds > 0 and the_hub.known_empty(plan.topic.pk, plan.group.pk):
+    if plan.wait_seconds > 0 and the_hub.known_empty(plan.topic.pk, plan.group.pk, plan.tags):
         # Nothing receivable as far as this process can tell: wait at once, as a woken and
         # unlucky waiter would, without asking Postgres (decision 0026).
         metrics.RECEIVES_KNOWN_EMPTY.inc()
     else:
         received, anything = consuming.receive_now(plan)
         if not anything:
-            the_hub.note_empty(plan.topic.pk, plan.group.pk, mark)
+            the_hub.note_empty(plan.topic.pk, plan.group.pk, mark, plan.tags)
     if received or plan.wait_seconds <= 0:
         return received, None
     return received, dataclasses.replace(plan, seen=mark.seen)
@@ -67,6 +68,7 @@ async def wait(
         attempt=attempt,
         found=found,
         wants=plan.max_messages,
+        tags=plan.tags,
         token_id=plan.token_id,
     )
 

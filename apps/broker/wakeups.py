@@ -16,17 +16,19 @@ Nothing is lost for good when a notification is: every TXHUB_LONG_POLL_FALLBACK 
 after (re)connecting, the hub asks Postgres once, on the same connection and for all its waiters,
 which (topic, group) pairs have something receivable (a queue beyond the group's cursor, or an
 in-flight message whose invisible time ran out: an expiry is the passage of time, which nobody
-could NOTIFY) and wakes that many waiters. An idle process with no waiter asks nothing.
+could NOTIFY) and wakes that many waiters; expired messages only waiters whose tag filter takes
+them (decision 0081). An idle process with no waiter asks nothing.
 
 Known empty (docs/decisions/0026): a consumer that long-polls an empty topic asks again each time
 its wait ends; 500 of them at `wait_seconds` 5 are 100 receives a second that would each ask
 Postgres what it just answered. When a try found nothing receivable, the hub remembers it for the
-(topic, group), with the topic's wake-up count and the connection's generation read before the
-try. A later receive that would wait skips its first try while the count and generation are
-unchanged (no NOTIFY for the topic since, no gap in listening) and the note is younger than twice
-the fallback period; it waits at once, exactly as a woken-and-unlucky waiter would. The fallback
-check renews the notes of the pairs it found empty. What no NOTIFY announces (an invisible time
-running out) reaches such a receive by the fallback check, as it reaches every waiter.
+(topic, group, tag filter), with the topic's wake-up count and the connection's generation read
+before the try. A later receive that would wait skips its first try while the count and
+generation are unchanged (no NOTIFY for the topic since, no gap in listening) and the note is
+younger than twice the fallback period; it waits at once, exactly as a woken-and-unlucky waiter
+would. The fallback check renews the notes of the filters it found nothing for. What no NOTIFY
+announces (an invisible time running out) reaches such a receive by the fallback check, as it
+reaches every waiter.
 
 Revocation (docs/decisions/0034): revoking a token NOTIFYs the same channel, "revoked <token id>",
 delivered when the revocation commits. Each process's hub ends what the token holds open there:
@@ -55,6 +57,7 @@ from psycopg.conninfo import make_conninfo
 from apps.broker import access
 from apps.broker.services import fifo
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
+from apps.broker.tag_wakeups import Tags, takes_any, to_wake
 
 logger = logging.getLogger(__name__)
 
@@ -63,23 +66,32 @@ logger = logging.getLogger(__name__)
 APPLICATION_NAME = "txhub-wakeups"
 
 # Which (topic, group) pairs, among those given, have something receivable and how much: new
-# offsets beyond the group's cursors, and in-flight messages whose invisible time is over.
+# offsets, FIFO messages held no longer, in-flight ones whose invisible time is over. The third
+# column says whose: NULL, any waiter's; else a tag's, for a pair with a waiter that filters by
+# tag (`tagged`): its expired deliveries are counted per tag (decision 0081).
 RECEIVABLE_SQL = f"""
-WITH w(topic_id, group_id) AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))
-SELECT c.topic_id, c.group_id, sum(q.next_offset - c.next_offset)::bigint
+WITH w(topic_id, group_id, tagged) AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bool[]))
+SELECT c.topic_id, c.group_id, NULL::text, sum(q.next_offset - c.next_offset)::bigint
 FROM w
 JOIN broker_consumercursor c ON c.topic_id = w.topic_id AND c.group_id = w.group_id
 JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
 WHERE q.next_offset > c.next_offset
 GROUP BY c.topic_id, c.group_id
 UNION ALL
-SELECT d.topic_id, d.group_id, count(*)
+SELECT d.topic_id, d.group_id, NULL, count(*)
 FROM w
 JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
-WHERE d.state = 'INFLIGHT' AND d.invisible_until <= now()
+WHERE NOT w.tagged AND d.state = 'INFLIGHT' AND d.invisible_until <= now()
 GROUP BY d.topic_id, d.group_id
 UNION ALL
-SELECT h.topic_id, h.group_id, count(*)
+SELECT d.topic_id, d.group_id, m.tags, count(*)
+FROM w
+JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
+JOIN broker_commitlogentry m ON m.offset = d.message_id
+WHERE w.tagged AND d.state = 'INFLIGHT' AND d.invisible_until <= now()
+GROUP BY d.topic_id, d.group_id, m.tags
+UNION ALL
+SELECT h.topic_id, h.group_id, NULL, count(*)
 FROM w
 JOIN broker_delivery h ON h.topic_id = w.topic_id AND h.group_id = w.group_id
 WHERE {fifo.FREE_HELD}
@@ -102,14 +114,15 @@ class Revoked(Exception):
 
 class Waiter:
     """One waiting receive. Its event is set when it should try again; `wants` is how many
-    messages one try of it takes at most (its max_messages)."""
+    messages one try of it takes at most (its max_messages); `tags`, its tag filter."""
 
-    __slots__ = ("event", "group_id", "revoked", "topic_id", "wants")
+    __slots__ = ("event", "group_id", "revoked", "tags", "topic_id", "wants")
 
-    def __init__(self, topic_id: int, group_id: int, wants: int = 1) -> None:
+    def __init__(self, topic_id: int, group_id: int, wants: int = 1, tags: Tags = None) -> None:
         self.topic_id = topic_id
         self.group_id = group_id
         self.wants = max(1, wants)
+        self.tags = tags
         self.event = asyncio.Event()
         self.revoked = False
 
@@ -128,8 +141,9 @@ class Hub:
         # topic -> group -> waiters, oldest first (a dict keeps insertion order).
         self._waiting: dict[int, dict[int, dict[Waiter, None]]] = {}
         self._seen: dict[int, int] = {}
-        # (topic, group) -> (seen, generation, monotonic time it expires): found empty then.
-        self._empty: dict[tuple[int, int], tuple[int, int, float]] = {}
+        # (topic, group, tag filter) -> (seen, generation, monotonic time it expires): found
+        # empty then, for a receive with that filter (decision 0081).
+        self._empty: dict[tuple[int, int, Tags], tuple[int, int, float]] = {}
         # token id -> what to call when it is revoked (waiting receives, Telemetry streams).
         self._holders: dict[int, dict[Callable[[], None], None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -153,16 +167,16 @@ class Hub:
         generation = self.generation
         return Mark(self.seen(topic_id), self.listening, generation)
 
-    def note_empty(self, topic_id: int, group_id: int, mark: Mark) -> None:
-        """A try that started at `mark` found nothing receivable for the group."""
+    def note_empty(self, topic_id: int, group_id: int, mark: Mark, tags: Tags = None) -> None:
+        """A try that started at `mark` found nothing receivable for the group (and filter)."""
         if mark.listening and mark.generation == self.generation:
             until = time.monotonic() + 2 * _fallback()
-            self._empty[(topic_id, group_id)] = (mark.seen, mark.generation, until)
+            self._empty[(topic_id, group_id, tags)] = (mark.seen, mark.generation, until)
 
-    def known_empty(self, topic_id: int, group_id: int) -> bool:
+    def known_empty(self, topic_id: int, group_id: int, tags: Tags = None) -> bool:
         """Nothing receivable, as far as this process can tell without asking Postgres: a try
         found nothing, and since then no wake-up for the topic and no gap in listening."""
-        note = self._empty.get((topic_id, group_id))
+        note = self._empty.get((topic_id, group_id, tags))
         return (
             note is not None
             and self.listening
@@ -171,9 +185,9 @@ class Hub:
             and time.monotonic() < note[2]
         )
 
-    def register(self, topic_id: int, group_id: int, wants: int = 1) -> Waiter:
+    def register(self, topic_id: int, group_id: int, wants: int = 1, tags: Tags = None) -> Waiter:
         self._start()
-        waiter = Waiter(topic_id, group_id, wants)
+        waiter = Waiter(topic_id, group_id, wants, tags)
         self._waiting.setdefault(topic_id, {}).setdefault(group_id, {})[waiter] = None
         return waiter
 
@@ -208,6 +222,14 @@ class Hub:
                 if not waiter.event.is_set():
                     waiter.event.set()
                     left -= waiter.wants
+
+    def wake_tagged(self, topic_id: int, group_id: int, counts: dict[str, int]) -> None:
+        """Expired messages of the group, counted per tag: wakes the oldest waiters whose tag
+        filter takes them, as many as it takes to receive them (tag_wakeups.py, decision 0081)."""
+        self._seen[topic_id] = self._seen.get(topic_id, 0) + 1
+        waiters = self._waiting.get(topic_id, {}).get(group_id, {})
+        for waiter in to_wake((w for w in waiters if not w.event.is_set()), counts):
+            waiter.event.set()
 
     def watch_token(self, token_id: int, on_revoked: Callable[[], None]) -> None:
         """Calls `on_revoked` (on the loop) once the token is revoked; starts listening."""
@@ -302,23 +324,40 @@ class Hub:
             cursor = await conn.execute(REVOKED_SQL, (list(self._holders),))
             for (token_id,) in await cursor.fetchall():
                 self.revoked(int(token_id))
-        pairs = [
-            (topic_id, group_id)
+        # Notes are per tag filter, which clients choose: those past their time go (0081).
+        now = time.monotonic()
+        for key in [key for key, note in list(self._empty.items()) if note[2] <= now]:
+            self._empty.pop(key, None)
+        filters = {
+            (topic_id, group_id): {waiter.tags for waiter in waiters}
             for topic_id, groups in self._waiting.items()
-            for group_id in groups
-        ]
-        if not pairs:
+            for group_id, waiters in groups.items()
+        }
+        if not filters:
             return
         self.checks += 1
-        marks = {topic_id: self.mark(topic_id) for topic_id, _ in pairs}
-        cursor = await conn.execute(RECEIVABLE_SQL, ([p[0] for p in pairs], [p[1] for p in pairs]))
-        found = set()
-        for topic_id, group_id, count in await cursor.fetchall():
-            found.add((int(topic_id), int(group_id)))
-            self.wake(int(topic_id), int(count), group_id=int(group_id))
-        for topic_id, group_id in pairs:
-            if (topic_id, group_id) not in found:
-                self.note_empty(topic_id, group_id, marks[topic_id])
+        marks = {topic_id: self.mark(topic_id) for topic_id, _ in filters}
+        pairs = list(filters)
+        tagged = [any(tags is not None for tags in filters[pair]) for pair in pairs]
+        cursor = await conn.execute(
+            RECEIVABLE_SQL, ([p[0] for p in pairs], [p[1] for p in pairs], tagged)
+        )
+        found: dict[tuple[int, int], set[str | None]] = {}
+        expired: dict[tuple[int, int], dict[str, int]] = {}
+        for topic_id, group_id, tag, count in await cursor.fetchall():
+            pair = (int(topic_id), int(group_id))
+            found.setdefault(pair, set()).add(tag)
+            if tag is None:
+                self.wake(pair[0], int(count), group_id=pair[1])
+            else:
+                expired.setdefault(pair, {})[tag] = int(count)
+        for (topic_id, group_id), counts in expired.items():
+            self.wake_tagged(topic_id, group_id, counts)
+        # Renewed: the notes of each filter waiting on a pair that nothing found takes.
+        for (topic_id, group_id), pair_filters in filters.items():
+            for tags in pair_filters:
+                if not takes_any(tags, found.get((topic_id, group_id), set())):
+                    self.note_empty(topic_id, group_id, marks[topic_id], tags)
 
 
 async def _read_notifies(
@@ -390,6 +429,7 @@ async def wait(
     attempt: Callable[[], Awaitable[T]],
     found: Callable[[T], bool],
     wants: int = 1,
+    tags: Tags = None,
     token_id: int | None = None,
 ) -> T | None:
     """A waiting receive of either door (REST long poll, gRPC ReceiveMessage): until `deadline`
@@ -397,10 +437,11 @@ async def wait(
     sync section that gives its connection back); the first result that `found` accepts is
     returned, None when the time is up. `seen` is `hub().seen(topic_id)` read before the first
     attempt: a wake-up between that attempt and now is not missed. Holds no thread and no
-    database connection while it waits. Raises Revoked when `token_id` is revoked meanwhile."""
+    database connection while it waits. Raises Revoked when `token_id` is revoked meanwhile.
+    `tags`, the receive's tag filter: only what it takes wakes it (decision 0081)."""
     loop = asyncio.get_running_loop()
     the_hub = hub()
-    waiter = the_hub.register(topic_id, group_id, wants)
+    waiter = the_hub.register(topic_id, group_id, wants, tags)
 
     def on_revoked() -> None:
         waiter.revoked = True

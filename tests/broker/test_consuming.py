@@ -3,15 +3,19 @@
 
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from django.db import connection
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from apps.broker.models import Delivery
+from apps.broker.models import ConsumerGroup, Delivery, Topic
+from apps.broker.services import consuming, dead_letters
+from apps.broker.services.consuming import WaitPlan
 from tests.support.responses import assert_error, expect
 
 
@@ -207,6 +211,38 @@ def test_an_expired_delivery_the_expression_does_not_match_is_not_redelivered_to
     assert receive(api, tag_expression="TagA") == []
     [again] = receive(api, tag_expression="TagB")
     assert (again["msg_id"], again["delivery_attempt"]) == (b["msg_id"], 2)
+
+
+def test_a_filtered_receive_beside_expired_deliveries_it_does_not_take_is_one_read(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """Decision 0081: an expired delivery a receive's tag expression does not match is nothing
+    receivable for it. Counted, it made each such receive a write transaction that took nothing
+    (and a waiting one was woken for it every second)."""
+    setup_topic(queues=1, max_delivery_attempts=2)
+    b = send(api, tags="TagB")
+    receive(api)  # no expression: in flight
+    Delivery.objects.update(invisible_until=timezone.now())  # its invisible time ran out
+    plan = WaitPlan(
+        group=ConsumerGroup.objects.get(name="billing"),
+        topic=Topic.objects.get(name="orders"),
+        max_messages=1,
+        invisible_seconds=10,
+        wait_seconds=5,
+        tags=frozenset({"TagA"}),
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert consuming.receive_now(plan) == ([], False)
+    assert len(queries) == 1, [q["sql"] for q in queries]  # the read: no lock, no write
+    # The receive that takes it still finds it (its second attempt, of two).
+    received, anything = consuming.receive_now(replace(plan, tags=frozenset({"TagC", "TagB"})))
+    assert anything
+    assert [(r.message.msg_id, r.delivery.attempts) for r in received] == [(b["msg_id"], 2)]
+    # Exhausted, it is passed over too, and reaches the dead-letter queue by the periodic scan.
+    Delivery.objects.update(invisible_until=timezone.now())
+    assert consuming.receive_now(plan) == ([], False)
+    assert dead_letters.deliveries_expire() == 1
+    assert Delivery.objects.get().state == "DLQ"
 
 
 def test_consume_from_last_skips_what_was_there_before(api: APIClient, setup_topic: Any) -> None:

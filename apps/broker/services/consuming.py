@@ -91,7 +91,7 @@ def _receive_once(
     # Nothing there (the common answer to a consumer that polls): said by one read, without the
     # row locks below, whose commit would be a WAL flush per empty receive (decision 0025).
     now = timezone.now()
-    place = _receivable(group, topic, now)
+    place = _receivable(group, topic, now, tags)
     if not place.anything:
         return [], False
     return _receive_locked(group, topic, max_messages, invisible_seconds, tags, place), True
@@ -159,7 +159,7 @@ def _receive_locked(
 # The group's first receive from the topic (its cursors are made under the lock path), a queue
 # beyond the group's cursor, or an in-flight message whose invisible time is over (which also
 # covers exhausted ones that the full receive moves to the dead-letter queue).
-_RECEIVABLE_SQL = """
+_RECEIVABLE_TEMPLATE = """
 SELECT (
     SELECT count(*) FROM broker_consumercursor
     WHERE group_id = %(group)s AND topic_id = %(topic)s
@@ -168,19 +168,44 @@ SELECT (
     JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
     WHERE c.group_id = %(group)s AND c.topic_id = %(topic)s AND q.next_offset > c.next_offset
 ), EXISTS (
-    SELECT 1 FROM broker_delivery d
+    SELECT 1 FROM broker_delivery d{join_messages}
     WHERE d.group_id = %(group)s AND d.topic_id = %(topic)s AND d.state = 'INFLIGHT'
-        AND d.invisible_until <= %(now)s
+        AND d.invisible_until <= %(now)s{of_its_tags}
 )
 """
-_RECEIVABLE_FIFO_SQL = f"{_RECEIVABLE_SQL}, {fifo.RELEASABLE_SQL}"
+_RECEIVABLE_SQL = _RECEIVABLE_TEMPLATE.format(join_messages="", of_its_tags="")
+# A receive with a tag filter: only an expired message it would take counts (decision 0081).
+# Expired ones it passes over are not its to redeliver, and an exhausted one among them reaches
+# the dead-letter queue by the periodic scan (dead_letters.deliveries_expire), not by this
+# receive: counted, they made every such receive a write transaction that took nothing. The
+# filter is one string, its tags joined by '|', which no tag holds (limits.check_tag), split
+# once by Postgres: a list parameter cost more to send than the rest of the read's change.
+_RECEIVABLE_TAGGED_SQL = _RECEIVABLE_TEMPLATE.format(
+    join_messages=" JOIN broker_commitlogentry m ON m.offset = d.message_id",
+    of_its_tags=" AND m.tags = ANY((SELECT string_to_array(%(tags)s, '|'))::text[])",
+)
+# (FIFO group, tag filter) -> the read.
+_RECEIVABLE_READS = {
+    (False, False): _RECEIVABLE_SQL,
+    (False, True): _RECEIVABLE_TAGGED_SQL,
+    (True, False): f"{_RECEIVABLE_SQL}, {fifo.RELEASABLE_SQL}",
+    (True, True): f"{_RECEIVABLE_TAGGED_SQL}, {fifo.RELEASABLE_SQL}",
+}
 
 
-def _receivable(group: ConsumerGroup, topic: Topic, now: datetime) -> Receivable:
+def _receivable(
+    group: ConsumerGroup, topic: Topic, now: datetime, tags: frozenset[str] | None
+) -> Receivable:
     with connection.cursor() as cursor:
         cursor.execute(
-            _RECEIVABLE_FIFO_SQL if group.fifo else _RECEIVABLE_SQL,
-            {"group": group.pk, "topic": topic.pk, "queues": topic.queues, "now": now},
+            _RECEIVABLE_READS[(group.fifo, tags is not None)],
+            {
+                "group": group.pk,
+                "topic": topic.pk,
+                "queues": topic.queues,
+                "now": now,
+                "tags": None if tags is None else "|".join(tags),
+            },
         )
         row = cursor.fetchone()
     assert row is not None  # noqa: S101 - a SELECT of three or four expressions has one row

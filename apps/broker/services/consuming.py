@@ -419,8 +419,7 @@ def _insert_deliveries(
 def _ensure_cursors(group: ConsumerGroup, topic: Topic) -> None:
     if ConsumerCursor.objects.filter(group=group, topic=topic).count() == topic.queues:
         return
-    # Lock: the retention sweep deletes none of the topic's rows while this receive makes its
-    # cursors (from offset 0) and reads from them (docs/decisions/0080).
+    # The retention sweep keeps the topic's rows while its new cursors are made (decision 0080).
     retention.hold_for_new_cursors(topic_id=topic.pk)
     queues = MessageQueue.objects.filter(topic=topic)
     ConsumerCursor.objects.bulk_create(

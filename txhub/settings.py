@@ -340,11 +340,8 @@ TXHUB_MAX_BODY_BYTES = 4 * 1024 * 1024
 TXHUB_MAX_BATCH_BYTES = env_int("TXHUB_MAX_BATCH_BYTES", 4 * 1024 * 1024)
 TXHUB_MAX_PROPERTIES = 128
 TXHUB_MAX_META_BYTES = 16 * 1024
-# Long polling (docs/decisions/0024). Under ASGI (make run) a waiting receive is woken by Postgres
-# NOTIFY; each web process also checks every TXHUB_LONG_POLL_FALLBACK seconds, with one query for
-# all its waiting consumers, whether something is receivable that no NOTIFY announced (a lost
-# wake-up, an invisible time that ran out). Under WSGI (gthread, the Django test client) a waiting
-# receive polls every TXHUB_LONG_POLL_INTERVAL seconds instead, holding its thread.
+# Long polling (docs/decisions/0024): woken by NOTIFY, checked every FALLBACK s with one query for
+# what none announced; under WSGI (the Django test client) a wait polls every INTERVAL s instead.
 TXHUB_LONG_POLL_INTERVAL = env_float("TXHUB_LONG_POLL_INTERVAL", 0.1)
 TXHUB_LONG_POLL_FALLBACK = env_float("TXHUB_LONG_POLL_FALLBACK", 1.0)
 # Threads per ASGI web process that run Django's sync code (views, middleware, the ORM), one
@@ -356,13 +353,16 @@ TXHUB_WEB_RECEIVE_THREADS = env_int("TXHUB_WEB_RECEIVE_THREADS", 4)
 # in a small pool of their own (docs/decisions/0031): each holds the GIL only briefly between two
 # waits on Postgres, so a few threads per process keep two cores busy; 16 took turns instead.
 TXHUB_WEB_HOT_THREADS = env_int("TXHUB_WEB_HOT_THREADS", 4)
-# Slow and greedy clients (docs/decisions/0033), per web process: connections and requests at
-# once before new requests are answered 503 (uvicorn's limit_concurrency); seconds a request may
-# take to arrive whole, headers and body, counted from its first byte (or the connection's
-# start) before the connection is closed; bytes of a request's line and headers before 431.
+# Slow and greedy clients (docs/decisions/0033), per web process: connections before a JSON 503;
+# seconds a request may take to arrive whole before it is closed; bytes of its head before 431.
 TXHUB_WEB_MAX_CONNECTIONS = env_int("TXHUB_WEB_MAX_CONNECTIONS", 2048)
 TXHUB_WEB_REQUEST_READ_SECONDS = env_float("TXHUB_WEB_REQUEST_READ_SECONDS", 10.0)
 TXHUB_WEB_MAX_HEADER_BYTES = env_int("TXHUB_WEB_MAX_HEADER_BYTES", 64 * 1024)
+# Per token (docs/decisions/0084): waiting receives (REST, gRPC) and Telemetry streams held at once
+# in one process, past which 429 / TOO_MANY_REQUESTS; and live gRPC client ids in all.
+TXHUB_MAX_WAITS_PER_TOKEN = env_int("TXHUB_MAX_WAITS_PER_TOKEN", 64)
+TXHUB_GRPC_MAX_STREAMS_PER_TOKEN = env_int("TXHUB_GRPC_MAX_STREAMS_PER_TOKEN", 64)
+TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN = env_int("TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN", 256)
 # The hot calls (prepare, commit, rollback, send, receive, ack, their batches) answered by the same
 # views without Django's request cycle (apps/broker/api/lean.py, decision 0027); 0: Django does.
 TXHUB_LEAN_DOOR = env_bool("TXHUB_LEAN_DOOR", True)

@@ -402,6 +402,19 @@ def check_client_id(value: str) -> str:
         raise LimitError(str(error), field="client_id") from None
 
 
+def check_token_clients(live: int) -> None:
+    """A token with `live` client ids in use may take one more only below
+    TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (services/clients.py counts them under a lock; decision
+    0084); the official clients use one per process."""
+    most = settings.TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN
+    if live >= most:
+        raise LimitError(
+            f"This token has {most} client ids in use (TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN): use one "
+            "of them; an id not seen for TXHUB_GRPC_CLIENT_FORGET_SECONDS is forgotten.",
+            field="client_id",
+        )
+
+
 def check_client_topics(topics: list[str]) -> list[str]:
     """The topics a client says it publishes or subscribes to: how many first, then each name."""
     if len(topics) > MAX_BOUND_TOPICS:

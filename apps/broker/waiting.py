@@ -12,6 +12,9 @@ ReceiveMessage make a waiting receive the same way:
    hub's fallback check, trying again in the door's worker thread each time; no thread and no
    connection held meanwhile. The token revoked meanwhile raises wakeups.Revoked (decision 0034).
    Without an event loop (WSGI), `wait_here` polls every TXHUB_LONG_POLL_INTERVAL instead.
+   Either holds one of the token's waiting slots while it waits: past its cap the wait is
+   refused (slots.py, services.errors.Throttled) before it begins, nothing received or stored
+   (docs/decisions/0084).
 
 The doors keep only what is theirs: how a try runs in their threads and how its answer is
 written (api/long_poll.py, grpc/consumers.py).
@@ -24,7 +27,7 @@ from typing import TypeVar
 
 from django.conf import settings
 
-from apps.broker import metrics, wakeups
+from apps.broker import metrics, slots, wakeups
 from apps.broker.services import consuming
 from apps.broker.services.consuming import Received, WaitPlan
 
@@ -59,28 +62,31 @@ async def wait(
 ) -> T | None:
     """Waits for the plan's messages until its wait time, counted from `since` (loop time), is
     over: each time the hub wakes it, `attempt` (the door's `consuming.receive_once(plan)` in a
-    worker thread) again; the first result `found` accepts, or None. Raises wakeups.Revoked."""
-    return await wakeups.wait(
-        topic_id=plan.topic.pk,
-        group_id=plan.group.pk,
-        seen=plan.seen,
-        deadline=since + plan.wait_seconds,
-        attempt=attempt,
-        found=found,
-        wants=plan.max_messages,
-        tags=plan.tags,
-        token_id=plan.token_id,
-    )
+    worker thread) again; the first result `found` accepts, or None. Raises wakeups.Revoked, and
+    Throttled when the token holds its cap of waits (slots.py)."""
+    with slots.held(plan.token_id, slots.Kind.WAIT):
+        return await wakeups.wait(
+            topic_id=plan.topic.pk,
+            group_id=plan.group.pk,
+            seen=plan.seen,
+            deadline=since + plan.wait_seconds,
+            attempt=attempt,
+            found=found,
+            wants=plan.max_messages,
+            tags=plan.tags,
+            token_id=plan.token_id,
+        )
 
 
 def wait_here(plan: WaitPlan, *, since: float) -> list[Received]:
     """The wait without an event loop (WSGI: the Django test client), holding the thread: a try
     every TXHUB_LONG_POLL_INTERVAL seconds until the wait time, counted from `since`
-    (time.monotonic()), is over."""
+    (time.monotonic()), is over. Throttled as `wait`."""
     deadline = since + plan.wait_seconds
-    while (remaining := deadline - time.monotonic()) > 0:
-        time.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
-        received = consuming.receive_once(plan)
-        if received:
-            return received
+    with slots.held(plan.token_id, slots.Kind.WAIT):
+        while (remaining := deadline - time.monotonic()) > 0:
+            time.sleep(min(settings.TXHUB_LONG_POLL_INTERVAL, remaining))
+            received = consuming.receive_once(plan)
+            if received:
+                return received
     return []

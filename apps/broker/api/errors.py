@@ -18,7 +18,7 @@ from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from apps.broker.services.errors import BrokerError, database_unreachable_here
+from apps.broker.services.errors import BrokerError, Throttled, database_unreachable_here
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ def _first_message(detail: Any) -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BrokerError):
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Throttled) else None
+        body = error_body(exc.code, exc.message, exc.details)
+        return Response(body, status=exc.status, headers=headers)
     if isinstance(exc, RequestDataTooBig):
         message = "The request body is too large: a message body has at most 4 MiB."
         return Response(error_body("payload_too_large", message), status=413)

@@ -23,6 +23,7 @@ from apps.broker import waiting, wakeups
 from apps.broker.api import output
 from apps.broker.api.errors import error_body, exception_handler
 from apps.broker.services import consuming
+from apps.broker.services.errors import Throttled
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,14 @@ async def wait(
             status=401,
             content_type="application/json",
             headers={"WWW-Authenticate": 'Bearer realm="txhub"'},
+        )
+    except Throttled as error:
+        # The token holds its cap of waits (apps/broker/slots.py, docs/decisions/0084): 429.
+        return HttpResponse(
+            JSONRenderer().render(error_body(error.code, error.message, error.details)),
+            status=error.status,
+            content_type="application/json",
+            headers={"Retry-After": str(error.retry_after)},
         )
     if result is None:
         return response

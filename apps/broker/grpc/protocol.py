@@ -20,6 +20,7 @@ from apps.broker.services.errors import (
     Conflict,
     Forbidden,
     NotFound,
+    Throttled,
     Unavailable,
     database_unreachable,
 )
@@ -54,6 +55,8 @@ def refusal_of(error: BrokerError, *, not_found: int = Code.NOT_FOUND) -> Refusa
     """The protocol code for a service's error (the REST door maps the same errors to HTTP)."""
     if isinstance(error, Unavailable):
         return Refusal(Code.HA_NOT_AVAILABLE, error.message)
+    if isinstance(error, Throttled):
+        return Refusal(Code.TOO_MANY_REQUESTS, error.message)
     if isinstance(error, NotFound):
         return Refusal(not_found, error.message)
     if isinstance(error, Forbidden):

@@ -6,13 +6,13 @@ client reopens a broken stream without re-sending its settings for up to 5 minut
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
-from apps.broker import limits, wakeups
+from apps.broker import limits, slots, wakeups
 from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.calls import db, log
 from apps.broker.grpc.protocol import (
@@ -87,7 +87,25 @@ PRODUCER_ATTEMPTS = 3
 
 
 async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator[Any]:
-    """One client's stream: replies to its settings, and whatever check-back queues for it."""
+    """One client's stream: replies to its settings, and whatever check-back queues for it.
+    It holds one of its token's stream slots while open: past the cap it is refused
+    (TOO_MANY_REQUESTS) before anything is stored (slots.py, docs/decisions/0084)."""
+    try:
+        slot = slots.held(caller.principal.token_id, slots.Kind.STREAM)
+    except BrokerError as error:
+        refused = refusal_of(error)
+        yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
+        return
+    # Closed with the stream (aclosing): its own clean-up runs before the slot is given back.
+    with slot:
+        async with contextlib.aclosing(
+            _serve(caller=caller, requests=requests, process=process)
+        ) as commands:
+            async for command in commands:
+                yield command
+
+
+async def _serve(*, caller: Caller, requests: Any, process: str) -> AsyncGenerator[Any, None]:
     client_id = caller.client_id
     try:
         # The client id must be given and this token's (clients.client_claim): else refused

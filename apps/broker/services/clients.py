@@ -12,7 +12,7 @@ is sent on a stream only while the stream's token holds `produce:<group>` of the
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -25,18 +25,36 @@ def _token_live(token_id: int | None) -> bool:
     return access.by_id(token_id) is not None
 
 
+# The advisory lock (this class, a token id) under which a token's client ids are counted before
+# one more is taken: two claims of new ids at once would both count one below the cap and both
+# insert (decision 0084). The two-int form cannot meet the one-bigint locks elsewhere.
+TOKEN_CLIENTS_LOCK = 0x7478_636C  # "txcl"
+
+
+def _count_token_clients(token_id: int) -> None:
+    """limits.check_token_clients on the token's client ids not yet forgotten; in the claim's
+    transaction, holding TOKEN_CLIENTS_LOCK to its end."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s::int)", [TOKEN_CLIENTS_LOCK, token_id])
+    forgotten = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_FORGET_SECONDS)
+    live = GrpcClient.objects.filter(token_id=token_id, seen_at__gte=forgotten).count()
+    limits.check_token_clients(live)
+
+
 def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClient:
     """The client's row, locked, once the caller is known to own the client id; call inside
     `transaction.atomic()`. A new id becomes the caller's. An id owned by another live token, or
     used for another group, is refused (Forbidden) and nothing changes. An id whose token was
     revoked or deleted may be taken by a new one (its owner can call nothing any more). A blank
-    or over-long id is refused (limits.LimitError, field `client_id`) before anything is read."""
+    or over-long id is refused (limits.LimitError, field `client_id`) before anything is read, and
+    so is a new id of a token that has TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (decision 0084)."""
     limits.check_client_id(client_id)
     for _ in range(2):
         # Lock: two tokens claiming the same new id at once; the second waits and sees the first.
         row = GrpcClient.objects.select_for_update().filter(client_id=client_id).first()
         if row is not None:
             break
+        _count_token_clients(token_id)
         try:
             with transaction.atomic():
                 return GrpcClient.objects.create(
@@ -49,6 +67,7 @@ def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClien
     if row.token_id != token_id:
         if _token_live(row.token_id):
             raise Forbidden("This client id belongs to another token: use a client id of yours.")
+        _count_token_clients(token_id)
         row.token_id = token_id
         row.group = group
     elif group and row.group and row.group != group:

@@ -39,6 +39,18 @@ class Conflict(BrokerError):
     status = 409
 
 
+class Throttled(BrokerError):
+    """Over a per-token bound (apps/broker/slots.py); nothing was done. Retry after
+    `retry_after` seconds: REST answers it as Retry-After, gRPC as TOO_MANY_REQUESTS."""
+
+    code = "throttled"
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.retry_after = retry_after
+
+
 class Unavailable(BrokerError):
     """Something txhub needs for this change is unreachable; nothing was changed."""
 

@@ -87,9 +87,17 @@ def idle_cost(
     lock = threading.Lock()
     host, port = url.split("//")[1].split(":")
     body = json.dumps({"topic": name, "max_messages": 1, "wait_seconds": WAIT})
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    from apps.broker.services import registry
 
-    def wait_again_and_again() -> None:
+    # A token holds at most TXHUB_MAX_WAITS_PER_TOKEN waits per web process (decision 0084): the
+    # consumers share a token by 32, as the consumers of several services would.
+    tokens = [
+        registry.token_create(name=f"bench-wait-{n}", scopes=[f"consume:{name}"])[1]
+        for n in range(0, consumers, 32)
+    ]
+
+    def wait_again_and_again(token: str) -> None:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         nonlocal answered_in_time, asked
         while not stop.is_set():
             # Gives up a little after the window: a server that queues waits behind a thread
@@ -108,7 +116,10 @@ def idle_cost(
                 asked += 1
                 answered_in_time += ok
 
-    threads = [threading.Thread(target=wait_again_and_again, daemon=True) for _ in range(consumers)]
+    threads = [
+        threading.Thread(target=wait_again_and_again, args=(tokens[i // 32],), daemon=True)
+        for i in range(consumers)
+    ]
     for thread in threads:
         thread.start()
     # Every consumer is waiting, and what came before (set-up, the latency samples) has been

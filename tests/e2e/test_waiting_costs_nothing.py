@@ -66,6 +66,9 @@ def serve(database_url: str = "", **env: str) -> Iterator[tuple[int, dict[str, s
         extra_env={
             "DATABASE_URL": database_url or f"{db_url_for_tests()}?application_name={WEB_APP}",
             "TXHUB_DB_POOL_SIZE": str(POOL_SIZE),
+            # The cost of many waits, not tenants: the one token may hold them all (decision
+            # 0084 caps a token's waits per process at 64 by default).
+            "TXHUB_MAX_WAITS_PER_TOKEN": "1000",
             **env,
         },
     )

@@ -11,7 +11,6 @@ connection passes a proxy that counts its statements (docs/decisions/0062):
 """
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from tests.conftest import start_gunicorn
 from tests.support.listening import database_now, hub_listening
 from tests.support.pgwire import StatementCounter
 from tests.support.ports import free_port
+from tests.support.raw_http import json_request
 
 pytestmark = pytest.mark.e2e
 
@@ -72,25 +72,7 @@ def web(transactional_db: None) -> Iterator[tuple[int, dict[str, str], Statement
 
 async def http(port: int, headers: dict[str, str], body: Any) -> tuple[int, Any, float]:
     """One receive on its own connection: (status, JSON answer, when it was answered)."""
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(
-            f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n{head}\r\n".encode()
-            + payload
-        )
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        return status, json.loads(await reader.readexactly(length)), time.monotonic()
-    finally:
-        writer.close()
+    return await json_request(port, "POST", PATH, headers, body)
 
 
 def waiting_in_background(

@@ -11,7 +11,6 @@
 """
 
 import asyncio
-import json
 import resource
 import statistics
 import threading
@@ -32,6 +31,7 @@ from tests.conftest import db_url_for_tests, start_gunicorn
 from tests.support.listening import hub_listening, listening_hubs
 from tests.support.pgwire import StatementCounter
 from tests.support.ports import free_port
+from tests.support.raw_http import json_request
 
 pytestmark = pytest.mark.e2e
 
@@ -102,27 +102,9 @@ def server_connections() -> int:
 
 async def http(port: int, method: str, path: str, headers: dict[str, str], body: Any) -> Any:
     """One request on its own connection: (status, JSON answer, seconds)."""
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     started = time.monotonic()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(
-            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n{head}\r\n".encode()
-            + payload
-        )
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        answer = json.loads(await reader.readexactly(length))
-        return status, answer, time.monotonic() - started
-    finally:
-        writer.close()
+    status, answer, answered = await json_request(port, method, path, headers, body)
+    return status, answer, answered - started
 
 
 def send_and_time(port: int, headers: dict[str, str], count: int) -> list[float]:

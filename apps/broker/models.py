@@ -336,12 +336,11 @@ class DeliveryState(models.TextChoices):
 class Delivery(models.Model):
     """One committed message as seen by one consumer group."""
 
-    # No indexes of their own: the only indexes led by the group are partial (what is in flight,
-    # what is dead-lettered), and delivery_unique leads with the message. An index with every
-    # delivery a group ever had, led by the group, was what the planner took for a new group's
-    # acks (counting on one row for a group the statistics do not know) and read it all
-    # (decision 0030). A topic with deliveries has commit log entries, which PROTECT it from
-    # deletion, so the cascade never needs a topic index.
+    # No indexes of their own: those led by the group are partial (in flight, held, dead-lettered)
+    # and delivery_unique leads with the message. An index of every delivery a group ever had was
+    # what the planner took for a new group's acks, and read it all (decision 0030); deleting a
+    # group reads the table once instead (decision 0088). A topic with deliveries has log rows,
+    # which PROTECT it from deletion, so no cascade needs a topic index.
     group = models.ForeignKey(
         ConsumerGroup, on_delete=models.CASCADE, related_name="deliveries", db_index=False
     )
@@ -453,6 +452,7 @@ class AuditAction(models.TextChoices):
     SECRET_ROTATE = "secret_rotate"  # noqa: S105 - a name, not a secret
     TOPIC_BINDINGS_CHANGE = "topic_bindings_change"
     DLQ_RESEND = "dlq_resend", "DLQ resend"
+    CONSUMER_GROUP_DELETE = "consumer_group_delete"
 
 
 class ActorKind(models.TextChoices):

@@ -33,9 +33,11 @@ reaches every waiter.
 Revocation (docs/decisions/0034): revoking a token NOTIFYs the same channel, "revoked <token id>",
 delivered when the revocation commits. Each process's hub ends what the token holds open there:
 its waiting receives (`wait` raises Revoked; the doors answer as to an unauthenticated call) and
-whatever else registered with `watch_token` (the gRPC door's Telemetry streams). A notification
-missed while the hub did not listen, or a revocation scheduled for later, is caught by the
-fallback check, which also asks which watched tokens are revoked by now.
+whatever else registered with `watch_token` (the gRPC door's Telemetry streams). Deleting a
+consumer group NOTIFYs "group-deleted <group id>": its waiters try again at once and are told it
+is gone (decision 0088). A notification missed while the hub did not listen, or a revocation
+scheduled for later, is caught by the fallback check, which also asks which watched tokens are
+revoked by now and which waiting groups are gone.
 
 Everything here runs on the event loop's thread, except `seen()`, `mark()`, `known_empty()` and
 `note_empty()`, which the receive view calls from a worker thread (single dict reads and writes:
@@ -54,8 +56,7 @@ from django.conf import settings
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
-from apps.broker import access
-from apps.broker.services import fifo
+from apps.broker.fallback_reads import RECEIVABLE_SQL, REVOKED_SQL
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
 from apps.broker.tag_wakeups import Tags, takes_any, to_wake
 
@@ -65,47 +66,10 @@ logger = logging.getLogger(__name__)
 # when DATABASE_URL sets one (?application_name=...), else this.
 APPLICATION_NAME = "txhub-wakeups"
 
-# Which (topic, group) pairs, among those given, have something receivable and how much: new
-# offsets, FIFO messages held no longer, in-flight ones whose invisible time is over. The third
-# column says whose: NULL, any waiter's; else a tag's, for a pair with a waiter that filters by
-# tag (`tagged`): its expired deliveries are counted per tag (decision 0081).
-RECEIVABLE_SQL = f"""
-WITH w(topic_id, group_id, tagged) AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bool[]))
-SELECT c.topic_id, c.group_id, NULL::text, sum(q.next_offset - c.next_offset)::bigint
-FROM w
-JOIN broker_consumercursor c ON c.topic_id = w.topic_id AND c.group_id = w.group_id
-JOIN broker_messagequeue q ON q.topic_id = c.topic_id AND q.queue_id = c.queue_id
-WHERE q.next_offset > c.next_offset
-GROUP BY c.topic_id, c.group_id
-UNION ALL
-SELECT d.topic_id, d.group_id, NULL, count(*)
-FROM w
-JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
-WHERE NOT w.tagged AND d.state = 'INFLIGHT' AND d.invisible_until <= now()
-GROUP BY d.topic_id, d.group_id
-UNION ALL
-SELECT d.topic_id, d.group_id, m.tags, count(*)
-FROM w
-JOIN broker_delivery d ON d.topic_id = w.topic_id AND d.group_id = w.group_id
-JOIN broker_commitlogentry m ON m.offset = d.message_id
-WHERE w.tagged AND d.state = 'INFLIGHT' AND d.invisible_until <= now()
-GROUP BY d.topic_id, d.group_id, m.tags
-UNION ALL
-SELECT h.topic_id, h.group_id, NULL, count(*)
-FROM w
-JOIN broker_delivery h ON h.topic_id = w.topic_id AND h.group_id = w.group_id
-WHERE {fifo.FREE_HELD}
-GROUP BY h.topic_id, h.group_id
-"""  # noqa: S608 - composed of constants only
-
-
-# The payload of a revocation on RECEIVABLE_CHANNEL (services/registry.token_revoke).
+# The payload of a revocation on RECEIVABLE_CHANNEL (services/registry.token_revoke), and of a
+# consumer group's deletion (registry.consumer_group_delete, decision 0088).
 REVOKED = "revoked"
-
-# Which of the given tokens are revoked by now (the fallback's catch-up for revocations).
-REVOKED_SQL = (
-    f"SELECT id FROM broker_apitoken WHERE id = ANY(%s::bigint[]) AND {access.REVOKED_SQL}"  # noqa: S608
-)
+GROUP_DELETED = "group-deleted"
 
 
 class Revoked(Exception):
@@ -231,6 +195,14 @@ class Hub:
         for waiter in to_wake((w for w in waiters if not w.event.is_set()), counts):
             waiter.event.set()
 
+    def wake_group(self, group_id: int) -> None:
+        """The group was deleted: each of its waiters tries again now, and is told (0088)."""
+        for key in [key for key in list(self._empty) if key[1] == group_id]:
+            self._empty.pop(key, None)
+        for groups in self._waiting.values():
+            for waiter in groups.get(group_id, {}):
+                waiter.event.set()
+
     def watch_token(self, token_id: int, on_revoked: Callable[[], None]) -> None:
         """Calls `on_revoked` (on the loop) once the token is revoked; starts listening."""
         self._start()
@@ -315,6 +287,8 @@ class Hub:
         fields = payload.split(" ")
         if fields[0] == REVOKED and len(fields) == 2 and fields[1].isdigit():
             self.revoked(int(fields[1]))
+        elif fields[0] == GROUP_DELETED and len(fields) == 2 and fields[1].isdigit():
+            self.wake_group(int(fields[1]))
         elif fields[0].isdigit():
             count = int(fields[3]) if len(fields) > 3 and fields[3].isdigit() else 1
             self.wake(int(fields[0]), count)

@@ -67,7 +67,13 @@ def test_a_request_the_cache_answers_reads_no_token_group_topic_or_binding(
     with CaptureQueriesContext(connection) as captured:
         expect(send(api, names), 201)
         expect(receive(api, names), 200)
-    assert config_queries(captured) == []
+    queries = config_queries(captured)
+    # A receive that takes a message locks its group's row against a deletion (decision 0088):
+    # one lock by the group's id, which reads nothing the cache keeps; nothing else may be there.
+    locks = [q for q in queries if "FROM broker_consumergroup WHERE id = " in q]
+    assert len(locks) == 1, locks
+    assert locks[0].endswith(" FOR KEY SHARE")
+    assert [q for q in queries if q not in locks] == []
     assert captured.captured_queries  # the send itself was stored
 
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from apps.broker.wakeups import RECEIVABLE_SQL
+from apps.broker.fallback_reads import RECEIVABLE_SQL
 from tests.support.waiting import wait_until
 
 

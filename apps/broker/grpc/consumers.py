@@ -73,7 +73,9 @@ class ConsumerRpcs:
             yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
             return
         except BrokerError as error:
-            mapped = refusal_of(error)
+            # Not found here is the group, deleted since it was read (decision 0088): the topic's
+            # and an unknown group's refusals were made above, as Refusals.
+            mapped = refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
             yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
             return
         except Exception as error:

@@ -21,7 +21,7 @@ from apps.broker.models import (
     MessageQueue,
     Topic,
 )
-from apps.broker.services import dead_letters, fifo, handles, retention
+from apps.broker.services import dead_letters, fifo, group_locks, handles, retention
 from apps.broker.services.errors import invalid
 from apps.broker.services.queue_reads import ENTRIES_SQL, MOVE_CURSORS_SQL
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
@@ -125,9 +125,8 @@ def _receive_locked(
     # again, as at-least-once allows. An ack can never outlive its receive: WAL is flushed in
     # order. On a replicated cluster it waits like every write: an old primary woken after a
     # failover must not hand out a message the new one has seen acked (decision 0050).
-    if not settings.TXHUB_RECEIVE_SYNCHRONOUS_COMMIT:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
+    # Lock: the group's row, shared, against its deletion (group_locks.py, decision 0088).
+    group_locks.hold_for_receive(group=group, synchronous=settings.TXHUB_RECEIVE_SYNCHRONOUS_COMMIT)
     now = timezone.now()
     invisible_until = now + timedelta(seconds=invisible_seconds)
     received: list[Received] = []

@@ -17,12 +17,13 @@ from apps.broker.models import (
     ProducerGroup,
     Topic,
 )
+from apps.broker.services import group_locks, retention
 from apps.broker.services.audit import SYSTEM, Origin, audit_record, url_shown
 from apps.broker.services.callbacks import callback_url_check, new_signing_secret
 from apps.broker.services.credentials import new_access_key
 from apps.broker.services.errors import Conflict, NotFound, invalid
 from apps.broker.services.sending import RECEIVABLE_CHANNEL
-from apps.broker.wakeups import REVOKED
+from apps.broker.wakeups import GROUP_DELETED, REVOKED
 
 TOKEN_PREFIX = "txh_"  # noqa: S105 - a public prefix, not a secret
 
@@ -139,6 +140,57 @@ def consumer_group_update(*, name: str, max_delivery_attempts: int) -> ConsumerG
         raise NotFound(f"Consumer group {name!r} does not exist.")
     config_cache.changed()  # an UPDATE sends no signal
     return ConsumerGroup.objects.get(name=name)
+
+
+# The deletion's statements, each by the group's id. Deliveries of every state go (acked history,
+# in flight, held behind a FIFO head, dead-lettered), counted per state for the audit record.
+_DELETE_DELIVERIES_SQL = """
+WITH gone AS (DELETE FROM broker_delivery WHERE group_id = %s RETURNING state)
+SELECT state, count(*) FROM gone GROUP BY state
+"""
+_DELETE_GROUP_ROWS_SQL = (
+    "DELETE FROM broker_consumercursor WHERE group_id = %(id)s",
+    "DELETE FROM broker_consumergroup_topics WHERE consumergroup_id = %(id)s",
+    "DELETE FROM broker_consumergroup WHERE id = %(id)s",
+)
+
+
+@transaction.atomic  # all of it or nothing; a deletion the processes cannot be told of: 503
+def consumer_group_delete(*, name: str, origin: Origin = SYSTEM) -> dict[str, int]:
+    """Deletes the group with its cursors, deliveries (dead letters included) and topic bindings
+    (docs/decisions/0088); returns how many deliveries of each state went. What it held of the
+    commit log is the retention sweep's from then on (decision 0080)."""
+    # Lock: waits for the group's receives under way; later ones find it gone (group_locks.py).
+    group_id = group_locks.lock_for_delete(name=name)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT topic_id FROM broker_consumercursor WHERE group_id = %s "
+            "ORDER BY topic_id",
+            [group_id],
+        )
+        topic_ids = [row[0] for row in cursor.fetchall()]
+        # Lock (advisory, shared): the retention sweep leaves these topics' rows alone until
+        # this commits, so its deletion of acked deliveries never meets ours in a deadlock.
+        for topic_id in topic_ids:
+            retention.hold_for_new_cursors(topic_id=topic_id)
+        cursor.execute(_DELETE_DELIVERIES_SQL, [group_id])
+        deliveries = {str(state).lower(): int(count) for state, count in cursor.fetchall()}
+        for statement in _DELETE_GROUP_ROWS_SQL:
+            cursor.execute(statement, {"id": group_id})
+        audit_record(
+            action=AuditAction.CONSUMER_GROUP_DELETE,
+            origin=origin,
+            target=name,
+            detail={"deliveries": deliveries, "topics_read": len(topic_ids)},
+        )
+        # Raw deletes send no signal: the processes' cached group goes now (decision 0026).
+        config_cache.changed()
+        # Its waiting receives, in every process, try again when this commits and are told
+        # (apps/broker/wakeups.py).
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)", [RECEIVABLE_CHANNEL, f"{GROUP_DELETED} {group_id}"]
+        )
+    return deliveries
 
 
 # Shown in an error at most: an error body stays small however long the list was.

@@ -149,7 +149,8 @@ def retention_sweep(*, batch: int = 1000, seconds: float | None = None) -> dict[
 def hold_for_new_cursors(*, topic_id: int) -> None:
     """Called by a group's first receive from a topic, in its transaction, before it makes its
     cursors: the sweep deletes none of the topic's rows until that transaction ends, and checks
-    the new cursors when it does. Waits at most for one sweep's deletion of one page."""
+    the new cursors when it does. Waits at most for one sweep's deletion of one page. A group's
+    deletion holds it too, for each topic it read (registry.consumer_group_delete)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock_shared(%s, %s::int)", [NEW_CURSORS_LOCK, topic_id]

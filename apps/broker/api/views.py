@@ -32,6 +32,7 @@ from apps.broker.services import (
     delivery,
     idempotency,
     recall,
+    registry,
     sending,
     transactions,
 )
@@ -422,6 +423,16 @@ class ConsumerGroupDetailView(APIView):
         data = dict(output.ConsumerGroupOut(group_row).data)
         data["queues"] = selectors.consumer_group_status(group=group_row)
         return Response(data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, group: str) -> Response:
+        """Deletes the group with its cursors, deliveries (dead letters too) and topic bindings
+        (admin scope): its consumers' receives answer 404 from then on, and what it held of the
+        commit log goes at the next retention sweep."""
+        # One write path, for every door (services/registry.py, docs/decisions/0088).
+        require_admin(request)
+        registry.consumer_group_delete(name=group, origin=origin(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class DlqListView(APIView):

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from apps.broker import limits
@@ -17,12 +17,14 @@ from apps.broker.models import (
     CommitLogEntry,
     ConsumerGroup,
     DelayedMessage,
+    Door,
     HalfMessage,
     OpRecord,
     ProducerGroup,
     Topic,
 )
 from apps.broker.services import operator, registry
+from apps.broker.services.audit import origin_of_request
 from apps.broker.services.errors import BrokerError
 from apps.console.forms import ReasonForm
 from apps.console.roles import can_act
@@ -185,8 +187,42 @@ def _check_url_as_shown(fields: Sequence[Any], request: HttpRequest) -> list[Any
 
 @admin.register(ConsumerGroup)
 class ConsumerGroupAdmin(BoundTopicsAdmin):
+    """A group may be deleted here, one at a time, through the registry's one deletion (its
+    locks, its audit record, its waiting receives told; docs/decisions/0088), never Django's
+    cascade: by who holds Django's delete permission and is a txhub operator, the role that
+    edits groups in the console."""
+
     list_display = ("name", "fifo", "max_delivery_attempts", "consume_from", "bound_topics")
     list_filter = ("fifo",)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return admin.ModelAdmin.has_delete_permission(self, request, obj) and can_act(request.user)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # a deletion is one group's, on its own page
+        return actions
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # Django's page would list every row the cascade reaches: every delivery the group had.
+        what = "with its cursors, deliveries, dead letters and topic bindings"
+        shown = [f"Consumer group: {obj}, {what}" for obj in objs]
+        return shown, {"consumer groups": len(shown)}, set(), []
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except BrokerError as error:  # gone meanwhile; Redis unreachable (nothing was deleted)
+            self.message_user(request, f"Nothing deleted: {error.message}", messages.ERROR)
+            return HttpResponseRedirect(request.path)
+
+    def delete_model(self, request: HttpRequest, obj: ConsumerGroup) -> None:
+        self.delete_queryset(request, ConsumerGroup.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ConsumerGroup]) -> None:
+        origin = origin_of_request(request, door=Door.ADMIN)
+        for name in queryset.values_list("name", flat=True):
+            registry.consumer_group_delete(name=name, origin=origin)
 
 
 @admin.register(ApiToken)

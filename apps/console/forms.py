@@ -121,6 +121,22 @@ class ConsumerGroupEditForm(forms.Form):
     )
 
 
+class ConsumerGroupDeleteForm(forms.Form):
+    """A deletion cannot be undone: the group's name typed again confirms it (decision 0088)."""
+
+    confirm = forms.CharField(max_length=limits.MAX_NAME_CHARS, label="Type the group's name")
+
+    def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def clean_confirm(self) -> str:
+        typed: str = self.cleaned_data["confirm"]
+        if typed != self.group:
+            raise ValidationError("That is not this group's name: nothing was deleted.")
+        return typed
+
+
 class TopicBindingsForm(forms.Form):
     """A group's topic bindings, as the API's PUT .../topics takes them: the whole list."""
 

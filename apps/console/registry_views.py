@@ -21,6 +21,7 @@ from apps.broker.services.audit import Origin, origin_of_request
 from apps.broker.services.errors import BrokerError, NotFound
 from apps.console.forms import (
     CheckUrlForm,
+    ConsumerGroupDeleteForm,
     ConsumerGroupEditForm,
     ConsumerGroupForm,
     ProducerGroupForm,
@@ -298,6 +299,34 @@ def consumer_group_edit(request: HttpRequest, name: str) -> HttpResponse:
         write,
         done=redirect("console:consumer-group", name=name),
         title=f"Edit {name}",
+    )
+
+
+@operator_required
+def consumer_group_delete(request: HttpRequest, name: str) -> HttpResponse:
+    """The registry's one deletion (docs/decisions/0088), once the group's name is typed again."""
+    try:
+        group = selectors.consumer_group_get(name=name)
+    except NotFound:
+        return render(request, "console/not_found.html", status=404)
+    form = ConsumerGroupDeleteForm(request.POST or None, group=name)
+    if request.method == "POST" and form.is_valid():
+        try:
+            registry.consumer_group_delete(name=name, origin=origin(request))
+        except BrokerError as error:  # gone meanwhile; Redis unreachable (nothing was deleted)
+            messages.error(request, f"Nothing deleted: {error.message}")
+            return redirect("console:consumer-groups")
+        messages.success(request, f"Consumer group {name} deleted, with what it held.")
+        return redirect("console:consumer-groups")
+    status = selectors.consumer_group_status(group=group)
+    return render(
+        request,
+        "console/consumer_group_delete.html",
+        {
+            "group": group,
+            "form": form,
+            **{key: sum(row[key] for row in status) for key in ("lag", "in_flight", "dlq")},
+        },
     )
 
 

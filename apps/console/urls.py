@@ -45,6 +45,11 @@ urlpatterns = [
         "consumer-groups/<name:name>/edit/", setup.consumer_group_edit, name="consumer-group-edit"
     ),
     path(
+        "consumer-groups/<name:name>/delete/",
+        setup.consumer_group_delete,
+        name="consumer-group-delete",
+    ),
+    path(
         "consumer-groups/<name:name>/topics/",
         setup.consumer_group_topics,
         name="consumer-group-topics",

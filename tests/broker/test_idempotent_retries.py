@@ -77,6 +77,19 @@ def test_the_same_key_with_another_request_is_409_and_stores_nothing(
     assert HalfMessage.objects.count() == 0
 
 
+def test_the_same_key_and_body_sent_to_another_topic_is_409_and_stores_nothing(
+    api: APIClient, setup_topic: Any
+) -> None:
+    # The topic is in the path only: a replay of the first answer would name a message the
+    # client never sent to the topic it asked for.
+    setup_topic()
+    assert api.post("/api/v1/topics", {"name": "payments"}, format="json").status_code == 201
+    assert post(api, SEND, MESSAGE, "k1").status_code == 201
+    response = post(api, "/api/v1/topics/payments/messages", MESSAGE, "k1")
+    assert_error(response, 409, "conflict")
+    assert list(CommitLogEntry.objects.values_list("topic__name", flat=True)) == ["orders"]
+
+
 @pytest.mark.parametrize("key", ["", "two words", "k" * 256, "clé", "tab\tkey"])
 def test_a_malformed_key_is_400_and_stores_nothing(
     api: APIClient, setup_topic: Any, key: str

@@ -125,6 +125,19 @@ def test_batch_sizes_are_checked_before_anything_is_stored(
     assert CommitLogEntry.objects.count() == 64
 
 
+def test_a_batch_over_4_mib_by_one_byte_is_413_and_exactly_4_mib_is_stored(
+    api: APIClient, setup_topic: Any
+) -> None:
+    # The batch limit is the bodies' bytes in all (CONTRACT section 6), to the byte.
+    setup_topic()
+    two_mib = "x" * (2 * 1024 * 1024)
+    over = send_batch(api, [{"body": two_mib}, {"body": two_mib + "y"}])
+    assert_error(over, 413, "payload_too_large")
+    assert CommitLogEntry.objects.count() == 0
+    expect(send_batch(api, [{"body": two_mib}, {"body": two_mib}]), 201)
+    assert CommitLogEntry.objects.count() == 2
+
+
 def test_batches_check_scopes_and_topics_like_single_sends(
     api: APIClient, setup_topic: Any, make_client: Any
 ) -> None:

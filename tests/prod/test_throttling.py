@@ -131,6 +131,27 @@ def test_a_long_poll_receive_counts_once_however_long_it_waits(
     assert statuses == [200, 200, 200, 429]
 
 
+@pytest.mark.django_db
+def test_retry_after_does_not_end_before_the_window_does(settings: Any) -> None:
+    """In process: Retry-After is the whole seconds left in the token's window, rounded up, so a
+    client that waits that long is past the window; rounded down, it would come back inside it
+    and be throttled again."""
+    settings.TXHUB_THROTTLE_RATE = "1/h"
+    admin = APIClient()
+    admin.credentials(HTTP_AUTHORIZATION=token("patient")["Authorization"])
+    start = time.time()
+    assert admin.get("/api/v1/topics").status_code == 200
+    throttled = admin.get("/api/v1/topics")
+    answered = time.time()
+    if math.floor(answered / 3600) != math.floor(start / 3600):
+        pytest.skip("the calls crossed an hour boundary")
+    assert throttled.status_code == 429
+    window_end = (math.floor(start / 3600) + 1) * 3600
+    retry_after = int(throttled["Retry-After"])
+    assert answered + retry_after >= window_end
+    assert retry_after <= math.ceil(window_end - start)
+
+
 def test_the_lean_door_counts_in_the_same_budget_and_answers_429_the_same_way(
     transactional_db: None,
 ) -> None:

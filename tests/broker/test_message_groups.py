@@ -117,6 +117,26 @@ def test_an_expired_head_comes_back_before_the_next_message_of_its_group(
     assert (after["body"], after["delivery_attempt"]) == ("a1", 1)
 
 
+def test_a_head_awaiting_redelivery_holds_its_group_from_a_receive_that_filters_it_out(
+    api: APIClient, setup_topic: Any
+) -> None:
+    # CONTRACT section 7: a later message is not received while an earlier one is in flight or
+    # awaiting redelivery, whichever tags the receive asks for.
+    setup_topic(queues=1, fifo=True)
+    message = {"producer_group": "order-service", "message_group": "A"}
+    path = "/api/v1/topics/orders/messages"
+    expect(api.post(path, {**message, "body": "a0", "tags": "created"}, format="json"), 201)
+    [head] = receive(api)
+    expire_in_flight()
+    expect(api.post(path, {**message, "body": "a1", "tags": "paid"}, format="json"), 201)
+    assert receive(api, max_messages=32, tag_expression="paid") == []
+    [again] = receive(api, max_messages=32)
+    assert (again["body"], again["delivery_attempt"]) == ("a0", 2)
+    ack(api, again)
+    [after] = receive(api, tag_expression="paid")
+    assert after["body"] == "a1"
+
+
 def test_dead_lettering_the_head_releases_the_next_message(
     api: APIClient, setup_topic: Any
 ) -> None:

@@ -116,6 +116,34 @@ def test_a_group_that_stopped_holds_the_log_and_a_topic_nobody_reads_does_not(db
     assert not set(unread) & in_log()
 
 
+def test_a_message_held_behind_its_message_group_survives_the_retention(db: None) -> None:
+    # FIFO (decision 0054): the cursor moves past a held message, so only its HELD delivery
+    # says the group has not had it yet (decision 0080).
+    topic = registry.topic_create(name="orders", queues=1)
+    registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
+    billing = registry.consumer_group_create(
+        name="billing", max_delivery_attempts=16, consume_from="first", fifo=True
+    )
+    first, held = (
+        s.msg_id
+        for s in sending.message_send_batch(
+            topic=topic,
+            messages=[
+                (OutgoingMessage("shop", body, body_is_binary=False, message_group="A"), None)
+                for body in (b"a0", b"a1")
+            ],
+        )
+    )
+    got = receive(billing, topic, 2)
+    assert list(got) == [first]
+    ack(billing, got[first])
+    stored_hours_ago(73)
+
+    assert retention.retention_sweep()["commit_log"] == 1  # the acked one
+    assert in_log() == {held}
+    assert list(receive(billing, topic, 2)) == [held]
+
+
 def test_a_dead_letter_entry_goes_after_its_own_retention_from_dead_lettering(
     db: None, settings: Any
 ) -> None:

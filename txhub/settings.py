@@ -167,9 +167,8 @@ DATABASES = {
 DATABASES["default"]["ENGINE"] = "txhub.postgres"
 # A receive waits for its WAL flush only on a replicated cluster (a multi-host URL), where a
 # primary that lost its lock must not answer one (decisions 0025, 0050).
-TXHUB_RECEIVE_SYNCHRONOUS_COMMIT = env_bool(
-    "TXHUB_RECEIVE_SYNCHRONOUS_COMMIT", "," in str(DATABASES["default"]["HOST"])
-)
+_REPLICATED = "," in str(DATABASES["default"]["HOST"])
+TXHUB_RECEIVE_SYNCHRONOUS_COMMIT = env_bool("TXHUB_RECEIVE_SYNCHRONOUS_COMMIT", _REPLICATED)
 # Parameters bound by the server, not quoted in Python: less CPU per query on the hot paths.
 DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 # Statements a connection has run this many times are prepared on it (psycopg's auto-prepare;
@@ -327,6 +326,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.broker.tasks.retention_sweep",
         "schedule": timedelta(minutes=env_int("TXHUB_RETENTION_SWEEP_MINUTES", 10)),
     },
+    "storage-measure": {
+        "task": "apps.broker.tasks.storage_measure",
+        "schedule": timedelta(seconds=env_float("TXHUB_STORAGE_MEASURE_SECONDS", 10)),
+        "options": {"expires": 30},
+    },
     "reconcile-nightly": {
         "task": "apps.broker.tasks.reconcile_nightly",
         # "minute hour day-of-month month day-of-week", in TIME_ZONE; default 02:30 every day.
@@ -405,17 +409,18 @@ TXHUB_IDEMPOTENCY_TTL = env_float("TXHUB_IDEMPOTENCY_TTL", 24 * 3600)
 # What is older than this and finished is deleted (docs/decisions/0080 says what is finished).
 TXHUB_RETENTION = env_float("TXHUB_RETENTION", 72 * 3600)
 TXHUB_DLQ_RETENTION = env_float("TXHUB_DLQ_RETENTION", 72 * 3600)  # from its dead-lettering
+# A producer group's storage quota in bytes (0: none); sends and prepares over it: decision 0085.
+TXHUB_PRODUCER_GROUP_STORAGE_QUOTA = env_int("TXHUB_PRODUCER_GROUP_STORAGE_QUOTA", 10 * 1024**3)
+if TXHUB_PRODUCER_GROUP_STORAGE_QUOTA < 0:
+    raise ImproperlyConfigured("TXHUB_PRODUCER_GROUP_STORAGE_QUOTA must be 0 (none) or bytes")
 # The nightly reconciliation (spark_jobs/reconcile.py), launched with spark-submit.
 TXHUB_SPARK_MASTER = env_str("TXHUB_SPARK_MASTER", "local[2]")
 TXHUB_SPARK_DRIVER_MEMORY = env_str("TXHUB_SPARK_DRIVER_MEMORY", "2g")
-TXHUB_SPARK_SUBMIT = env_str(
-    "TXHUB_SPARK_SUBMIT", str(Path(sys.executable).parent / "spark-submit")
-)
+_SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+TXHUB_SPARK_SUBMIT = env_str("TXHUB_SPARK_SUBMIT", _SPARK_SUBMIT)
 TXHUB_JDBC_JAR = env_str("TXHUB_JDBC_JAR", "/usr/share/java/postgresql.jar")
 TXHUB_RECONCILE_TIMEOUT = env_float("TXHUB_RECONCILE_TIMEOUT", 3 * 3600)
-TXHUB_RECONCILE_OUTPUT = Path(
-    env_str("TXHUB_RECONCILE_OUTPUT", str(BASE_DIR / "var" / "reconciliation"))
-)
+TXHUB_RECONCILE_OUTPUT = Path(env_str("TXHUB_RECONCILE_OUTPUT", f"{BASE_DIR}/var/reconciliation"))
 # When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 # Failpoints (docs/decisions/0015) kill and stall processes on purpose: armed only in a debug run
@@ -442,9 +447,8 @@ TXHUB_GRPC_TLS_KEY = env_str("TXHUB_GRPC_TLS_KEY", "")
 # SECRET_KEY (rotating Django's sessions key must not change every client's secret). Production
 # sets TXHUB_CREDENTIALS_KEY; the local set-up writes var/credentials-key (flagged by `check
 # --deploy`); with neither, a debug run falls back to SECRET_KEY and a production run refuses.
-CREDENTIALS_KEY_FILE = Path(
-    env_str("TXHUB_CREDENTIALS_KEY_FILE", str(BASE_DIR / "var" / "credentials-key"))
-)
+_KEY_FILE = str(BASE_DIR / "var" / "credentials-key")
+CREDENTIALS_KEY_FILE = Path(env_str("TXHUB_CREDENTIALS_KEY_FILE", _KEY_FILE))
 CREDENTIALS_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key
 TXHUB_CREDENTIALS_KEY = env_str("TXHUB_CREDENTIALS_KEY", "")
 if not TXHUB_CREDENTIALS_KEY and CREDENTIALS_KEY_FILE.is_file():
@@ -485,12 +489,8 @@ TXHUB_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS = env_int(
 )
 # A consumer's retry backoff, announced on Telemetry (seconds before the nth redelivery, the last
 # repeated): PushConsumers nack a failed message with it. RocketMQ's delay levels from 10 s on.
-TXHUB_GRPC_CONSUMER_BACKOFF = [
-    int(seconds)
-    for seconds in env_list(
-        "TXHUB_GRPC_CONSUMER_BACKOFF", "10,30,60,120,180,240,300,360,420,480,540,600,1200,1800,3600"
-    )
-]
+_BACKOFF = "10,30,60,120,180,240,300,360,420,480,540,600,1200,1800,3600"
+TXHUB_GRPC_CONSUMER_BACKOFF = [int(s) for s in env_list("TXHUB_GRPC_CONSUMER_BACKOFF", _BACKOFF)]
 
 LOGGING = {
     "version": 1,

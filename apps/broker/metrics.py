@@ -19,6 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from apps.broker.selectors import consumer_lag
+from apps.broker.services.storage_usage import stored_bytes
 
 # Instruments live in their own registry: in single-process mode (tests, `manage.py shell`) the
 # scrape reads it directly; in multiprocess mode their values are read back from the files.
@@ -118,6 +119,14 @@ class DatabaseCollector(Collector):
         dlq = GaugeMetricFamily(
             "txhub_dlq_messages", "Messages in the dead-letter queue.", labels=["group", "topic"]
         )
+        stored = GaugeMetricFamily(
+            "txhub_producer_group_stored_bytes",
+            "Bytes of messages a producer group keeps stored, as last measured; at or over "
+            "TXHUB_PRODUCER_GROUP_STORAGE_QUOTA its sends and prepares are refused.",
+            labels=["producer_group"],
+        )
+        for group, kept in stored_bytes().items():
+            stored.add_metric([group], kept)
         with connection.cursor() as cursor:
             cursor.execute(STATE_SQL)
             for topic, state, count, age in cursor.fetchall():
@@ -131,7 +140,7 @@ class DatabaseCollector(Collector):
             lag.add_metric(labels, row["lag"])
             in_flight.add_metric(labels, row["in_flight"])
             dlq.add_metric(labels, row["dlq"])
-        yield from (transactions, oldest, delayed, lag, in_flight, dlq)
+        yield from (transactions, oldest, delayed, lag, in_flight, dlq, stored)
 
 
 def scrape_registry(database: Collector | None = None) -> CollectorRegistry:

@@ -95,9 +95,8 @@ class ApiToken(models.Model):
     scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    # The RocketMQ access key of this token (gRPC door). Its secret key is never stored: it is
-    # derived from a server key and this access key (docs/decisions/0022). Null for tokens made
-    # before the gRPC door existed.
+    # The token's RocketMQ access key (gRPC door); its secret key is derived from a server key and
+    # this access key, never stored (docs/decisions/0022). Null for tokens older than the gRPC door.
     access_key = models.CharField(max_length=40, unique=True, null=True, blank=True)
 
     def __str__(self) -> str:
@@ -491,6 +490,7 @@ class AuditRecord(models.Model):
 
 
 # Defined apart to keep this module small; part of the broker app all the same.
+from apps.broker import models_storage as models_storage  # noqa: E402
 from apps.broker.models_reconciliation import (  # noqa: E402
     ReconciliationFinding as ReconciliationFinding,
 )

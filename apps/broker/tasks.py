@@ -21,6 +21,7 @@ from apps.broker.services import (
     idempotency,
     reconciliation,
     retention,
+    storage_usage,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,14 @@ def retention_sweep() -> dict[str, int]:
     swept["grpc_clients"] = clients.clients_sweep()
     _did("retention_sweep", **swept)
     return swept
+
+
+@shared_task(acks_late=True)
+def storage_measure() -> int:
+    """Measures what each producer group keeps stored and publishes who is over its quota."""
+    over = storage_usage.storage_measure()
+    _did("storage_measure", over_quota=len(over))
+    return len(over)
 
 
 # Not acks_late: a run lost with its worker shows as a FAILED (or missing) run on the console,

@@ -388,9 +388,10 @@ class ReconciliationRunDetailOut(ReconciliationRunOut):
 
 class ErrorInnerOut(serializers.Serializer[Any]):
     code = serializers.CharField(
-        help_text="One per HTTP status (409 has two): "
+        help_text="One per HTTP status (403 and 409 have two): "
         + ", ".join(f"{code} ({status})" for status, code in CODES.items())
-        + ", transaction_resolved (409)."
+        + ", quota_exceeded (403: the producer group keeps its storage quota's worth), "
+        "transaction_resolved (409)."
     )
     message = serializers.CharField()
     details = serializers.DictField()

@@ -15,7 +15,8 @@ from drf_spectacular.utils import OpenApiResponse
 ERROR_DESCRIPTIONS = {
     400: "invalid_request: the input breaks a rule; details name the field",
     401: "unauthenticated: no token, or an unknown or revoked one",
-    403: "forbidden: the token has no scope for this group",
+    403: "forbidden: the token has no scope for this group; quota_exceeded: a send or prepare "
+    "of a producer group that keeps its storage quota's worth of messages",
     404: "not_found: no such topic, group or id (or another group's)",
     409: "conflict / transaction_resolved",
     413: "payload_too_large",

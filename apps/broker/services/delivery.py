@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.broker import limits
 from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import DelayedMessage
-from apps.broker.services import scans
+from apps.broker.services import scans, storage_usage
 from apps.broker.services.errors import invalid
 from apps.broker.services.sending import Appended, OutgoingMessage, commit_log_append
 
@@ -88,7 +88,7 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
             # stored before ids were claimed, client_ids.claim_sql). Row by row, each in a
             # savepoint; the bad one is reported and skipped, the others go (scans.py).
             due = [d for d in ordered if _appended_alone(d, now)]
-        DelayedMessage.objects.filter(pk__in=[d.pk for d in due]).delete()
+        storage_usage.delayed_delete([d.pk for d in due])
         moved_at = timezone.now()
         lateness = [(moved_at - d.deliver_at).total_seconds() for d in due]
         transaction.on_commit(lambda: observe_all(DELAY_LATENESS, lateness))

@@ -29,6 +29,14 @@ class Forbidden(BrokerError):
     status = 403
 
 
+class QuotaExceeded(Forbidden):
+    """The producer group keeps its storage quota's worth of messages or more
+    (TXHUB_PRODUCER_GROUP_STORAGE_QUOTA, docs/decisions/0085): it may not store more until
+    retention removes some; nothing was stored. Not worth a retry soon."""
+
+    code = "quota_exceeded"
+
+
 class NotFound(BrokerError):
     code = "not_found"
     status = 404

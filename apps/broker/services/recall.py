@@ -21,6 +21,7 @@ from apps.broker.models import (
     RecalledMessage,
     TransactionState,
 )
+from apps.broker.services import storage_usage
 from apps.broker.services.errors import Conflict, NotFound
 
 RecallDoor = Literal["rest", "grpc"]
@@ -65,7 +66,7 @@ def message_recall(
                 if field.attname not in _KEPT
             }
             recalled = RecalledMessage.objects.create(**kept, recalled_by=principal.name, door=door)
-            delayed.delete()
+            storage_usage.delayed_delete([delayed.pk])
             return recalled
     # Not waiting (or not the caller's): read after the lock above was granted, so a delivery
     # that held the row has committed and its commit-log row is seen here.

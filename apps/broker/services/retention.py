@@ -23,6 +23,7 @@ from django.db import connection, transaction
 
 from apps.broker.clock import db_now
 from apps.broker.models import ConsumerGroup
+from apps.broker.services import storage_usage
 
 # The advisory lock (this class, a topic id) between a group's first receive from a topic, which
 # makes its cursors (from offset 0 for consume_from "first") and reads from them in one
@@ -49,12 +50,12 @@ DELETE FROM broker_delivery WHERE id = ANY(ARRAY(
 ))
 """
 
-_RECALLED_SQL = """
-DELETE FROM broker_recalledmessage WHERE id = ANY(ARRAY(
+_RECALLED_SQL = f"""
+DELETE FROM broker_recalledmessage m WHERE id = ANY(ARRAY(
     SELECT id FROM broker_recalledmessage WHERE recalled_at < %(cutoff)s
     ORDER BY recalled_at LIMIT %(batch)s FOR UPDATE SKIP LOCKED
-))
-"""
+)) RETURNING {storage_usage.returning(storage_usage.RECALLED, "m")}
+"""  # noqa: S608 - composed of constants only
 
 # Each queue, and the lowest next offset of the groups' cursors on it: the rows below it are
 # past every cursor (a queue no group has a cursor on: all of them).
@@ -109,6 +110,17 @@ WHERE h.resolved_at < %(cutoff)s AND h.state IN ('COMMITTED', 'ROLLED_BACK')
 ORDER BY h.resolved_at, h.id LIMIT %(batch)s
 """
 
+# The deletions, returning what the storage measure takes off their groups (decision 0085).
+_DELETE_ENTRIES_SQL = f"""
+DELETE FROM broker_commitlogentry e WHERE e."offset" = ANY(%s::bigint[])
+RETURNING {storage_usage.returning(storage_usage.COMMIT_LOG, "e")}
+"""  # noqa: S608 - composed of constants only
+_DELETE_HALVES_SQL = f"""
+DELETE FROM broker_halfmessage h USING broker_producergroup g
+WHERE h.id = ANY(%s::bigint[]) AND g.id = h.producer_group_id
+RETURNING {storage_usage.returning(storage_usage.HALF_MESSAGES, "h")}
+"""  # noqa: S608 - composed of constants only
+
 _DOOMED_HALVES_SQL = (
     "SELECT id FROM broker_halfmessage WHERE id = ANY(%s::bigint[]) FOR UPDATE SKIP LOCKED"
 )
@@ -142,7 +154,9 @@ def retention_sweep(*, batch: int = 1000, seconds: float | None = None) -> dict[
         "dead_letters": dead_letters,
         "commit_log": commit_log,
         "half_messages": _sweep_halves(cutoff, batch, clock),
-        "recalled": _drain(_RECALLED_SQL, {"cutoff": cutoff, "batch": batch}, batch, clock),
+        "recalled": _drain(
+            _RECALLED_SQL, {"cutoff": cutoff, "batch": batch}, batch, clock, storage_usage.RECALLED
+        ),
     }
 
 
@@ -157,13 +171,22 @@ def hold_for_new_cursors(*, topic_id: int) -> None:
         )
 
 
-def _drain(sql: str, params: dict[str, Any], batch: int, clock: _Clock) -> int:
-    """Runs a deleting statement of at most `batch` rows until it deletes fewer."""
+def _drain(
+    sql: str,
+    params: dict[str, Any],
+    batch: int,
+    clock: _Clock,
+    measured: storage_usage.Table | None = None,
+) -> int:
+    """Runs a deleting statement of at most `batch` rows until it deletes fewer; `measured`: the
+    table of messages it deletes from, whose rows it returns for the storage measure."""
     total = 0
     while True:
-        with connection.cursor() as cursor:
+        with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql, params)
             deleted = int(cursor.rowcount)
+            if measured is not None:
+                storage_usage.forget_rows(measured, cursor.fetchall())
         total += deleted
         if deleted < batch or clock.up():
             return total
@@ -247,10 +270,10 @@ def _delete_entries(topic_id: int, offsets: list[int], cutoff: datetime) -> int 
         doomed = [row[0] for row in cursor.fetchall()]
         # By the arrays: index probes (delivery_unique, the primary key), never a join.
         cursor.execute("DELETE FROM broker_delivery WHERE message_id = ANY(%s::bigint[])", [doomed])
-        cursor.execute(
-            'DELETE FROM broker_commitlogentry WHERE "offset" = ANY(%s::bigint[])', [doomed]
-        )
-        return int(cursor.rowcount)
+        cursor.execute(_DELETE_ENTRIES_SQL, [doomed])
+        gone = cursor.fetchall()
+        storage_usage.forget_rows(storage_usage.COMMIT_LOG, gone)
+        return len(gone)
 
 
 def _sweep_halves(cutoff: datetime, batch: int, clock: _Clock) -> int:
@@ -276,5 +299,7 @@ def _delete_halves(ids: list[int]) -> int:
         cursor.execute(_DOOMED_HALVES_SQL, [ids])
         doomed = [row[0] for row in cursor.fetchall()]
         cursor.execute("DELETE FROM broker_oprecord WHERE half_id = ANY(%s::bigint[])", [doomed])
-        cursor.execute("DELETE FROM broker_halfmessage WHERE id = ANY(%s::bigint[])", [doomed])
-        return int(cursor.rowcount)
+        cursor.execute(_DELETE_HALVES_SQL, [doomed])
+        gone = cursor.fetchall()
+        storage_usage.forget_rows(storage_usage.HALF_MESSAGES, gone)
+        return len(gone)

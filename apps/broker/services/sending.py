@@ -28,6 +28,7 @@ from apps.broker.services.client_ids import (
     stored_id_for,
 )
 from apps.broker.services.errors import Conflict
+from apps.broker.storage_quota import check_storage_quota
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,9 @@ def message_send_batch(
     Appended in queue order: each queue's offset row stays locked until the commit, and two
     batches (or a batch and a producer's commit) that take queue locks in the same order cannot
     deadlock. Offsets within a queue follow the order of the batch."""
+    # A group at or over its storage quota stores nothing more (decision 0085), at every door.
+    for group in {message.producer_group for message, _ in messages}:
+        check_storage_quota(group)
     # Ids the caller gives are client-chosen (or scoped from one) and must be claimed; ours are
     # random (128 bits) and need no claim (client_ids.claim_sql).
     claimed = msg_ids is not None

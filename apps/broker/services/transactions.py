@@ -38,6 +38,7 @@ from apps.broker.services.sending import (
     delayed_store,
     queue_for,
 )
+from apps.broker.storage_quota import check_storage_quota
 
 FINAL_STATES = (TransactionState.COMMITTED, TransactionState.ROLLED_BACK)
 
@@ -148,6 +149,8 @@ def transaction_prepare_batch(
 ) -> list[HalfMessage]:
     """Half messages of one group and topic, all stored in one transaction or none (one INSERT
     for the halves, one for their PREPARE ops), in the order given."""
+    # A group at or over its storage quota stores nothing more (decision 0085), at every door.
+    check_storage_quota(producer_group.name)
     now = timezone.now()
     halves = []
     for item in items:

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("broker", "0018_recalled_at_index"),
+        ("broker", "0019_storage_usage"),
     ]
 
     operations = [

@@ -157,7 +157,8 @@ def test_a_conflict_met_while_storing_a_batch_leaves_none_of_it_stored(door: Any
 def test_a_batch_over_4_mib_in_all_is_refused_and_stores_nothing(door: Any) -> None:
     setup = door[0]
     before = stored()
-    large = [raw_message(setup.topic, body=b"x" * (2200 * KiB)) for _ in range(2)]
+    # One byte over, split so that neither body is over alone: the door's own sum is tested.
+    large = [raw_message(setup.topic, body=b"x" * (2 * MiB + extra)) for extra in (0, 1)]
     assert_refused(send(door, large), pb.MESSAGE_BODY_TOO_LARGE, before)
     # The positive control: 4 MiB in all, exactly.
     control = send(door, [raw_message(setup.topic, body=b"x" * (2 * MiB)) for _ in range(2)])

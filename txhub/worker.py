@@ -294,14 +294,20 @@ _REASONS = {
 
 
 def _refusal(status: int, message: str) -> bytes:
-    from apps.broker.api.errors import CODES, error_body
+    from apps.broker.api.errors import CODES, error_body, unavailable_headers
 
     body = json.dumps(error_body(CODES[status], message)).encode()
+    # A 503 carries the API's Retry-After, as at every door (docs/decisions/0086).
+    extra = unavailable_headers() if status == 503 else {}
     return b"".join(
         [
             b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
             b"content-type: application/json\r\n",
             b"content-length: %d\r\n" % len(body),
+            *(
+                b"%s: %s\r\n" % (name.lower().encode(), value.encode())
+                for name, value in extra.items()
+            ),
             b"connection: close\r\n\r\n",
             body,
         ]

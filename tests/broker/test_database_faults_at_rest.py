@@ -105,6 +105,7 @@ def test_a_send_whose_session_is_terminated_answers_503_unavailable(door: Door, 
     assert status == 503, text
     assert headers["content-type"] == "application/json"
     assert json.loads(text)["error"]["code"] == "unavailable"
+    assert headers["retry-after"] == "1"  # as every 503 (docs/decisions/0086)
     assert door.send(token)[0] == 201  # the next request gets a live connection
 
 
@@ -160,4 +161,5 @@ def test_a_lost_session_at_drf_answers_503_unavailable(transactional_db: None) -
     assert ended
     assert answer.status_code == 503, answer.content
     assert answer.json()["error"]["code"] == "unavailable"
+    assert answer["Retry-After"] == "1"  # as every 503 (docs/decisions/0086)
     assert not CommitLogEntry.objects.exists()

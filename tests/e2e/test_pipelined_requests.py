@@ -56,9 +56,12 @@ def prepare_body(size: int) -> bytes:
     return json.dumps({"producer_group": "shop", "topic": "orders", "body": "x" * size}).encode()
 
 
-def answers(port: int, *sends: bytes) -> list[tuple[int, bytes]]:
+Answer = tuple[int, bytes, dict[str, str]]
+
+
+def answers(port: int, *sends: bytes) -> list[Answer]:
     """Each of `sends` in one write (a short pause between them); then every answer until the
-    server closes: (status, body) in the order they came."""
+    server closes: (status, body, headers with lower-case names) in the order they came."""
     received = b""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(15)
@@ -77,16 +80,16 @@ def answers(port: int, *sends: bytes) -> list[tuple[int, bytes]]:
         status_line, *lines = head.decode("latin-1").split("\r\n")
         headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
         length = int(headers["content-length"])
-        parsed.append((int(status_line.split()[1]), rest[:length]))
+        parsed.append((int(status_line.split()[1]), rest[:length], headers))
         received = rest[length:]
     return parsed
 
 
-def statuses(found: list[tuple[int, bytes]]) -> list[int]:
-    return [status for status, _ in found]
+def statuses(found: list[Answer]) -> list[int]:
+    return [status for status, *_ in found]
 
 
-def assert_refused_431(found: list[tuple[int, bytes]]) -> None:
+def assert_refused_431(found: list[Answer]) -> None:
     assert json.loads(found[-1][1])["error"]["code"] == "headers_too_large"
 
 
@@ -153,6 +156,7 @@ def test_past_the_pipelined_requests_a_connection_may_hold_the_next_is_503(web: 
     # connection closes.
     assert statuses(found) == [200] * (MAX_PIPELINED_REQUESTS + 1) + [503]
     assert json.loads(found[-1][1])["error"]["code"] == "unavailable"
+    assert found[-1][2]["retry-after"] == "1"  # as every 503 (docs/decisions/0086)
     # The positive control: as many as may wait are all answered.
     found = answers(port, SMALL_GET * MAX_PIPELINED_REQUESTS + LAST_GET)
     assert statuses(found) == [200] * (MAX_PIPELINED_REQUESTS + 1)

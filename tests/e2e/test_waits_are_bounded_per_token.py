@@ -126,6 +126,7 @@ def test_past_uvicorns_connection_limit_the_503_is_the_contracts_json(small_web:
     assert refused.status_code == 503
     assert refused.headers["Content-Type"] == "application/json"
     assert refused.json()["error"]["code"] == "unavailable"
+    assert refused.headers["Retry-After"] == "1"  # as every 503 (docs/decisions/0086)
     served = wait_until(
         lambda: requests.get(f"http://127.0.0.1:{small_web}/healthz", timeout=10).ok, timeout=10
     )

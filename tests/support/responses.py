@@ -14,13 +14,16 @@ def assert_error(
 ) -> dict[str, Any]:
     """The contract's one error format (CONTRACT, Errors): the status, a JSON content type
     (exactly `application/json`), a body that is exactly {"error": {"code", "message",
-    "details"}}, the given code, a human sentence and a details object; with `shorter_than`, a
-    body of fewer bytes than that. Returns the inner error for more specific checks."""
+    "details"}}, the given code, a human sentence and a details object, and for a 503 a
+    Retry-After; with `shorter_than`, a body of fewer bytes than that. Returns the inner error
+    for more specific checks."""
     assert response.status_code == status, (response.status_code, _text(response))
     assert response.headers["Content-Type"] == "application/json", (
         response.headers["Content-Type"],
         _text(response),
     )
+    if status == 503:  # every 503 says when to try again, in whole seconds (decision 0086)
+        assert response.headers.get("Retry-After", "").isdigit(), dict(response.headers)
     if shorter_than is not None:
         assert len(response.content) < shorter_than, (len(response.content), _text(response))
     body = response.json()

@@ -43,6 +43,17 @@ CODES = {
 }
 
 
+# Every 503 at every door says when to try again (docs/decisions/0086): its causes (no database,
+# Redis away for a configuration change, a process's connections or pipeline full) pass within
+# seconds, and the SDK waits at least this before its retry.
+UNAVAILABLE_RETRY_SECONDS = 1
+
+
+def unavailable_headers() -> dict[str, str]:
+    """The headers of every 503 `unavailable`, whichever door sends it (decision 0086)."""
+    return {"Retry-After": str(UNAVAILABLE_RETRY_SECONDS)}
+
+
 # What one error answer may carry: a few names, short sentences, a few KiB in all. Input is
 # echoed in details (a field name, a choice that was refused); a hostile body must not turn
 # into a 33 MB answer, and a lone surrogate in it must not make the answer unencodable.
@@ -103,7 +114,11 @@ def _first_message(detail: Any) -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BrokerError):
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Throttled) else None
+        headers = None
+        if isinstance(exc, Throttled):
+            headers = {"Retry-After": str(exc.retry_after)}
+        elif exc.status == 503:
+            headers = unavailable_headers()
         body = error_body(exc.code, exc.message, exc.details)
         return Response(body, status=exc.status, headers=headers)
     if isinstance(exc, RequestDataTooBig):
@@ -120,7 +135,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if database_unreachable_here(exc):
             logger.exception("database unavailable")
             return Response(
-                error_body("unavailable", "The database is unavailable; try again."), status=503
+                error_body("unavailable", "The database is unavailable; try again."),
+                status=503,
+                headers=unavailable_headers(),
             )
         logger.exception("database error")
     return None  # anything else is a bug: Django's 500 handler answers in our format

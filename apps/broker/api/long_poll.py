@@ -49,21 +49,26 @@ def plan_of(response: HttpResponse) -> consuming.WaitPlan | None:
     return plan if response.status_code == 200 else None
 
 
-def _try_again(plan: consuming.WaitPlan) -> tuple[int, bytes]:
+# A try's answer: status, rendered body, the error answer's own headers (a 503's Retry-After).
+Attempt = tuple[int, bytes, dict[str, str]]
+
+
+def _try_again(plan: consuming.WaitPlan) -> Attempt:
     """A sync section: one receive; the answer rendered; the connection back to the pool."""
     try:
         received = consuming.receive_once(plan)
         if not received:
-            return 200, b""
+            return 200, b"", {}
         data = {"messages": output.render_many(output.ReceivedOut, received)}
-        return 200, JSONRenderer().render(data)
+        return 200, JSONRenderer().render(data), {}
     except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
         handled = exception_handler(error, {})
         if handled is None:
             logger.exception("receive failed while waiting")
             body = error_body("internal_error", "Something went wrong on our side; it is logged.")
-            return 500, JSONRenderer().render(body)
-        return handled.status_code, JSONRenderer().render(handled.data)
+            return 500, JSONRenderer().render(body), {}
+        headers = {name: value for name, value in handled.items() if name.lower() != "content-type"}
+        return handled.status_code, JSONRenderer().render(handled.data), headers
     finally:
         connections.close_all()
 
@@ -78,8 +83,8 @@ async def wait(
     (`arrived`, loop time), is over; returns the answer to send (`response`, still
     `{"messages": []}`, if nothing came)."""
 
-    async def attempt() -> tuple[int, bytes]:
-        answer: tuple[int, bytes] = await run_in_thread(lambda: _try_again(plan))
+    async def attempt() -> Attempt:
+        answer: Attempt = await run_in_thread(lambda: _try_again(plan))
         return answer
 
     try:
@@ -108,9 +113,9 @@ async def wait(
         )
     if result is None:
         return response
-    status, body = result
+    status, body, headers = result
     if status != 200:
-        return HttpResponse(body, status=status, content_type="application/json")
+        return HttpResponse(body, status=status, content_type="application/json", headers=headers)
     response.content = body
     if response.has_header("Content-Length"):
         response["Content-Length"] = str(len(body))

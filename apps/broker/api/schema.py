@@ -24,7 +24,7 @@ ERROR_DESCRIPTIONS = {
     500: "internal_error: a bug, or a query of this request that failed (a statement timeout, a "
     "deadlock), not an outage; it is logged",
     503: "unavailable: the database (or, for a configuration change, Redis) is unreachable; "
-    "nothing was changed; try again",
+    "nothing was changed; try again after its Retry-After (seconds)",
 }
 
 

@@ -6,14 +6,14 @@ import time
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from apps.broker.api.errors import unavailable_headers
 from apps.broker.metrics import DatabaseCollector, scrape_registry
-from txhub.redis_sentinel import broker_client
+from txhub.readiness import READINESS, ready
 
 
 class CachedCollector(Collector):
@@ -48,21 +48,13 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["postgres"] = "ok"
-    except Exception as error:  # noqa: BLE001 - any failure means "not ready"
-        checks["postgres"] = f"error: {error.__class__.__name__}"
-    try:
-        broker_client(socket_timeout=2).ping()
-        checks["redis"] = "ok"
-    except Exception as error:  # noqa: BLE001
-        checks["redis"] = f"error: {error.__class__.__name__}"
-    ready = all(value == "ok" for value in checks.values())
+    """Postgres and Redis as this process last probed them: at most once a period, whatever the
+    number of callers (txhub/readiness.py, docs/decisions/0086)."""
+    checks = READINESS.current()
+    if ready(checks):
+        return JsonResponse({"status": "ok", "checks": checks})
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503
+        {"status": "unavailable", "checks": checks}, status=503, headers=unavailable_headers()
     )
 
 

@@ -3,45 +3,21 @@ a producer whose name resolves slowly gets a check that ends at TXHUB_CHECK_HTTP
 recorded as unreachable and backs off, and the call still connects only to the address the
 lookup answered and the policy checked.
 
-The slow DNS is the resolver (`callbacks.resolve`, the boundary the DNS-rebinding tests patch)
-made slow: it waits, then does the real lookup of 127.0.0.1. The system's resolver cannot be
-pointed at a slow DNS server of the test's own without editing /etc/resolv.conf; the lookup is
-the environment's, like the producer's endpoint, and everything after it is txhub's own."""
+The slow DNS is tests/support/slow_dns.py (the `slow_dns` fixture)."""
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-
-import pytest
 
 from apps.broker.models import HalfMessage, OpRecord
 from apps.broker.services import callbacks, checkback, registry
 from tests.hostile import HostileEndpoint
+from tests.support.slow_dns import DEADLINE
 from tests.support.transactions import make_due, make_group, prepare
 
-TIMEOUT = 1.0
+TIMEOUT = DEADLINE
 MARGIN = 1.0  # past the deadline: a busy machine's delays, never a second lookup or call
-REAL_RESOLVE = callbacks.resolve
-
-
-@pytest.fixture
-def slow_dns(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    """slow_dns(seconds, address): from now on every lookup waits `seconds`, then answers the
-    real lookup of `address` (127.0.0.1 by default). Lookups still waiting end with the test."""
-    settings.TXHUB_CHECK_HTTP_TIMEOUT = TIMEOUT
-    released = threading.Event()
-
-    def arm(seconds: float, address: str = "127.0.0.1") -> None:
-        def lookup(host: str, port: int) -> list[str]:
-            released.wait(seconds)
-            return REAL_RESOLVE(address, port)
-
-        monkeypatch.setattr(callbacks, "resolve", lookup)
-
-    yield arm
-    released.set()
 
 
 def with_host(url: str, host: str) -> str:

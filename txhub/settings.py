@@ -375,10 +375,11 @@ TXHUB_LEAN_DOOR = env_bool("TXHUB_LEAN_DOOR", True)
 TXHUB_TRANSACTION_TIMEOUT = env_float("TXHUB_TRANSACTION_TIMEOUT", 6)  # transactionTimeOut
 TXHUB_CHECK_INTERVAL = env_float("TXHUB_CHECK_INTERVAL", 30)  # transactionCheckInterval
 TXHUB_CHECK_MAX = env_int("TXHUB_CHECK_MAX", 15)  # transactionCheckMax
-# Bounds a whole check call, connect to last byte (docs/decisions/0009).
+# Bounds a check call, lookup to last byte, and a check URL's lookup at registration (0083, 0087).
 TXHUB_CHECK_HTTP_TIMEOUT = env_float("TXHUB_CHECK_HTTP_TIMEOUT", 3)
-# A claimed check's task must start within this (its wait in the callbacks queue), or the claim
-# runs out and the next scan claims the transaction again (docs/decisions/0049).
+# Lookups left behind at that deadline one process may hold; past it, one fails at once (0087).
+TXHUB_CHECK_MAX_ABANDONED_LOOKUPS = env_int("TXHUB_CHECK_MAX_ABANDONED_LOOKUPS", 16)
+# A claimed check's task must leave the callbacks queue within this, or is claimed again (0049).
 TXHUB_CHECK_DISPATCH_LEASE = env_float("TXHUB_CHECK_DISPATCH_LEASE", 10)
 TXHUB_MAX_PENDING_AGE = env_float("TXHUB_MAX_PENDING_AGE", 72 * 3600)  # fileReservedTime
 TXHUB_MAX_DELAY = env_float("TXHUB_MAX_DELAY", 3 * 24 * 3600)  # timerMaxDelaySec
@@ -390,8 +391,7 @@ TXHUB_CALLBACK_CONCURRENCY = env_int("TXHUB_CALLBACK_CONCURRENCY", 8)
 # At most this many checks of one producer group in flight: kept below the callback concurrency,
 # so a slow group holds at most this many of its slots and the others' checks still run.
 TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP = env_int("TXHUB_CHECK_MAX_INFLIGHT_PER_GROUP", 2)
-# Plain http:// check URLs are refused (registration and call) unless this is on; `make run` and
-# `make test` turn it on for their loopback producers.
+# Plain http:// check URLs are refused unless this is on (`make run` and `make test` turn it on).
 TXHUB_ALLOW_HTTP_CALLBACKS = env_bool("TXHUB_ALLOW_HTTP_CALLBACKS", False)
 TXHUB_CHECK_BATCH = env_int("TXHUB_CHECK_BATCH", 500)
 TXHUB_DELIVERY_BATCH = env_int("TXHUB_DELIVERY_BATCH", 500)

@@ -31,7 +31,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from apps.broker import failpoints
 from apps.broker.models import HalfMessage, ProducerGroup
-from apps.broker.services.errors import CallbackRefused
+from apps.broker.services.errors import CallbackRefused, LookupUnfinished
 
 # RocketMQ's names are accepted too; anything else is never a decision.
 ANSWERS = {
@@ -85,15 +85,56 @@ def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+class _LookupsLeftBehind:
+    """The lookups this process left behind at their deadline, whose threads still wait for the
+    system's resolver (up to about 30 s each). Past TXHUB_CHECK_MAX_ABANDONED_LOOKUPS a new
+    lookup is refused at once, so hung resolvers cannot pile up threads (docs/decisions/0087)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def admit(self, host: str) -> None:
+        with self._lock:
+            count = self._count
+        if count >= settings.TXHUB_CHECK_MAX_ABANDONED_LOOKUPS:
+            reason = (
+                f"not looked up: {count} lookups that outlasted their deadline are still waiting "
+                "in this process (TXHUB_CHECK_MAX_ABANDONED_LOOKUPS)"
+            )
+            raise LookupUnfinished(host, reason)
+
+    def leave_behind(self, done: threading.Event, counted: threading.Event) -> bool:
+        """Counts a lookup the caller stops waiting for; False if it has just finished."""
+        with self._lock:
+            if done.is_set():
+                return False
+            counted.set()
+            self._count += 1
+            return True
+
+    def finish(self, done: threading.Event, counted: threading.Event) -> None:
+        """A lookup's thread ends: no longer counted, if it was."""
+        with self._lock:
+            done.set()
+            if counted.is_set():
+                self._count -= 1
+
+
+_LEFT_BEHIND = _LookupsLeftBehind()
+
+
 def _resolve_within(host: str, port: int, seconds: float) -> list[str]:
-    """resolve(), waited on for `seconds` at most. getaddrinfo is C code that neither the call's
-    timer nor Celery's soft time limit can interrupt, so it runs in a thread of its own and a
-    lookup still going at the deadline is left behind, to end when the system's resolver gives
-    up (docs/decisions/0083). A thread per lookup, not a shared pool: one group's hung lookups
-    never queue another group's."""
+    """resolve(), waited on for `seconds` at most: the one bounded lookup of a call and of a
+    registration. getaddrinfo is C code that neither the call's timer nor Celery's soft time
+    limit can interrupt, so it runs in a thread of its own and a lookup still going at the
+    deadline is left behind, to end when the system's resolver gives up (docs/decisions/0083);
+    LookupUnfinished then, or at once while too many are left behind (0087). A thread per
+    lookup, not a shared pool: one group's hung lookups never queue another group's."""
+    _LEFT_BEHIND.admit(host)
     answer: list[list[str]] = []
     failure: list[Exception] = []
-    done = threading.Event()
+    done, counted = threading.Event(), threading.Event()
 
     def lookup() -> None:
         try:
@@ -101,12 +142,12 @@ def _resolve_within(host: str, port: int, seconds: float) -> list[str]:
         except Exception as error:  # handed to the caller, who decides what a failure is
             failure.append(error)
         finally:
-            done.set()
+            _LEFT_BEHIND.finish(done, counted)
 
     threading.Thread(target=lookup, name="check-url-lookup", daemon=True).start()
-    if not done.wait(max(seconds, 0.0)):
-        message = f"the host name was not resolved within TXHUB_CHECK_HTTP_TIMEOUT ({seconds:g} s)"
-        raise _CallFailed(message, reached=False)
+    if not done.wait(max(seconds, 0.0)) and _LEFT_BEHIND.leave_behind(done, counted):
+        reason = f"not resolved within TXHUB_CHECK_HTTP_TIMEOUT ({seconds:g} s)"
+        raise LookupUnfinished(host, reason)
     if failure:
         raise failure[0]
     return answer[0]
@@ -124,8 +165,9 @@ def callback_url_check(url: str, *, within: float | None = None) -> list[str]:
     embed an IPv4 address (NAT64, 6to4, Teredo, mapped, compatible), unless allowed by
     TXHUB_CALLBACK_ALLOWED_HOSTS; http:// unless TXHUB_ALLOW_HTTP_CALLBACKS. Checked at
     registration and again before every call. Returns the checked addresses (the call connects
-    to the first). `within`: the call's time left; a lookup that takes longer raises _CallFailed
-    (docs/decisions/0083)."""
+    to the first). `within`: the lookup's deadline, the call's time left (docs/decisions/0083),
+    TXHUB_CHECK_HTTP_TIMEOUT by default (a registration's, 0087); a lookup that takes longer, or
+    that the process's bound on lookups left behind refuses, raises LookupUnfinished."""
     parts = urlsplit(url)
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise CallbackRefused("A check URL must be http(s)://host/...")
@@ -136,10 +178,8 @@ def callback_url_check(url: str, *, within: float | None = None) -> list[str]:
         )
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        if within is None:
-            addresses = resolve(parts.hostname, port)
-        else:
-            addresses = _resolve_within(parts.hostname, port, within)
+        deadline = settings.TXHUB_CHECK_HTTP_TIMEOUT if within is None else within
+        addresses = _resolve_within(parts.hostname, port, deadline)
     except (OSError, ValueError, UnicodeError):
         raise CallbackRefused(f"The host {parts.hostname!r} does not resolve.") from None
     if not addresses:
@@ -265,7 +305,10 @@ def bounded_post(url: str, *, data: bytes, headers: dict[str, str]) -> tuple[int
     Returns (status, body); a non-200 answer's body is not read."""
     timeout = settings.TXHUB_CHECK_HTTP_TIMEOUT
     deadline = time.monotonic() + timeout
-    addresses = callback_url_check(url, within=timeout)
+    try:
+        addresses = callback_url_check(url, within=timeout)
+    except LookupUnfinished as error:  # no answer: an unreachable check (docs/decisions/0083)
+        raise _CallFailed(f"the host name was {error.reason}", reached=False) from None
     # What the lookup left of the deadline bounds the rest of the call.
     left = deadline - time.monotonic()
     if left <= 0:

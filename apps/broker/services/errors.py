@@ -73,6 +73,17 @@ class CallbackRefused(BrokerError):
         super().__init__(message, check_url=[message])
 
 
+class LookupUnfinished(CallbackRefused):
+    """A check URL's host name whose lookup did not finish within its deadline, or was not
+    started because the process holds too many lookups left behind (docs/decisions/0083, 0087).
+    At registration it is the check URL's 400; a call records `reason` as an unreachable check.
+    `reason` completes "the host name was ..."."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        super().__init__(f"The host {host!r} was {reason}.")
+        self.reason = reason
+
+
 class TransactionResolved(Conflict):
     """The opposite resolution, or an action on a transaction already resolved."""
 

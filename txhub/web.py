@@ -29,14 +29,15 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.db import connections
+from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import set_script_prefix
 from rest_framework import exceptions
+from rest_framework.renderers import JSONRenderer
 
 from apps.broker import wakeups
 from apps.broker.api import auth, lean, long_poll, views
-from apps.broker.api.errors import error_body, retry_after_seconds
+from apps.broker.api.errors import error_body, exception_handler, retry_after_seconds
 from apps.broker.services.registry import hash_token
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,10 @@ class TxhubASGIHandler(ASGIHandler):
                 return _throttled(error)
             except (exceptions.NotAuthenticated, exceptions.AuthenticationFailed) as error:
                 return _unauthenticated(error)
+            except (DatabaseError, InterfaceError) as error:
+                # Asked here, in the thread whose query failed, before its connection is given
+                # back: an unreachable database is 503 `unavailable` (docs/decisions/0078, 0086).
+                return _database_failed(error)
             finally:
                 connections.close_all()
 
@@ -362,6 +367,25 @@ def _closing(response: HttpResponse) -> HttpResponse:
     """The answer, and the connection closes after it: what is left of the body is not read."""
     response["Connection"] = "close"
     return response
+
+
+def _database_failed(error: Exception) -> HttpResponse:
+    """A database error met before DRF's request cycle, answered by the API's one exception
+    handler (apps/broker/api/errors.py): 503 `unavailable` with Retry-After when the database
+    could not be reached, else the contract's 500 `internal_error` (it logs either)."""
+    handled = exception_handler(error, {})
+    if handled is None:
+        failure = error_body("internal_error", "Something went wrong on our side; it is logged.")
+        return HttpResponse(json.dumps(failure), status=500, content_type="application/json")
+    answer = HttpResponse(
+        JSONRenderer().render(handled.data),
+        status=handled.status_code,
+        content_type="application/json",
+    )
+    for name, value in handled.items():
+        if name.lower() != "content-type":
+            answer[name] = value
+    return answer
 
 
 def _too_large() -> HttpResponse:

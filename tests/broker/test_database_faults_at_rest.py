@@ -4,9 +4,10 @@ which clients retry; a query that failed (a statement timeout, a cancelled state
 `internal_error`, which they do not retry forever. Either way nothing is stored.
 
 The faults are Postgres's own, on real sessions (tests/support/statement_faults.py): a send's
-statement waits on a lock and is cancelled, timed out, has its session terminated or its
-connection cut. Through real web servers, with the lean door (its fast path takes a send) and
-without it (DRF answers), and in this process through DRF's test client."""
+statement (or a large send's token lookup, made before its body is read) waits on a lock and is
+cancelled, timed out, has its session terminated or its connection cut. Through real web
+servers, with the lean door (its fast path takes a send) and without it (DRF answers), and in
+this process through DRF's test client."""
 
 import http.client
 import json
@@ -18,6 +19,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from apps.broker.api import views
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
 from tests.conftest import client_for, start_gunicorn
@@ -29,6 +31,8 @@ SEND = "/api/v1/topics/faults/messages"
 BODY = {"producer_group": "faults-p", "body": "never stored"}
 # What a send writes, and so what its statement waits on while the table is locked.
 TABLE = "broker_commitlogentry"
+# What a large body's token lookup before its body is read waits on while the table is locked.
+TOKENS = "broker_apitoken"
 # What a failed query's answer must not show: its SQL, Postgres's message, a traceback.
 LEAKS = ("broker_", "INSERT", "canceling", "terminating", "Traceback", "psycopg")
 
@@ -37,11 +41,11 @@ class Door:
     def __init__(self, port: int, lean: bool, proxy: CuttingProxy) -> None:
         self.port, self.lean, self.proxy = port, lean, proxy
 
-    def send(self, token: str) -> tuple[int, dict[str, str], str]:
+    def send(self, token: str, body: dict[str, str] = BODY) -> tuple[int, dict[str, str], str]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-            connection.request("POST", SEND, json.dumps(BODY), headers)
+            connection.request("POST", SEND, json.dumps(body), headers)
             response = connection.getresponse()
             got = {name.lower(): value for name, value in response.getheaders()}
             return response.status, got, response.read().decode()
@@ -107,6 +111,39 @@ def test_a_send_whose_session_is_terminated_answers_503_unavailable(door: Door, 
     assert json.loads(text)["error"]["code"] == "unavailable"
     assert headers["retry-after"] == "1"  # as every 503 (docs/decisions/0086)
     assert door.send(token)[0] == 201  # the next request gets a live connection
+
+
+def test_a_large_send_whose_token_lookup_loses_its_session_answers_503_unavailable(
+    door: Door, token: str
+) -> None:
+    """A body above views.LARGE_BODY_BYTES has its token looked up before it is read, outside
+    DRF (txhub/web.py, docs/decisions/0032): the database lost there is the same 503 `unavailable`
+    with Retry-After as anywhere else (decisions 0078 and 0086), not a server error."""
+    large = {**BODY, "body": "x" * (views.LARGE_BODY_BYTES + 1)}
+    with statement_ended(TOKENS, "terminate") as ended:
+        status, headers, text = door.send(token, large)
+    assert ended, "no token lookup waited on the lock"
+    assert status == 503, text
+    assert headers["content-type"] == "application/json"
+    assert json.loads(text)["error"]["code"] == "unavailable"
+    assert headers["retry-after"] == "1"
+    assert not CommitLogEntry.objects.exists()  # nothing stored
+    assert door.send(token, large)[0] == 201  # the next request gets a live connection
+
+
+def test_a_large_send_whose_token_lookup_fails_answers_500_internal_error(
+    door: Door, token: str
+) -> None:
+    """There too, a query that failed is the contract's 500, in its format, leaking nothing."""
+    large = {**BODY, "body": "x" * (views.LARGE_BODY_BYTES + 1)}
+    with statement_ended(TOKENS, "cancel") as ended:
+        status, headers, text = door.send(token, large)
+    assert ended, "no token lookup waited on the lock"
+    assert status == 500, text
+    assert headers["content-type"] == "application/json"
+    assert json.loads(text)["error"]["code"] == "internal_error"
+    assert not [leak for leak in LEAKS if leak in text], text
+    assert not CommitLogEntry.objects.exists()
 
 
 def test_a_send_whose_connection_is_cut_answers_503_unavailable(door: Door, token: str) -> None:

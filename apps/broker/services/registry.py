@@ -68,10 +68,17 @@ def producer_group_check_url_shown(*, group: ProducerGroup, may_change: bool) ->
     return group.check_url if may_change else url_shown(group.check_url)
 
 
-@transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
 def producer_group_update(*, name: str, check_url: str, origin: Origin = SYSTEM) -> ProducerGroup:
+    # The URL's host is looked up (for up to TXHUB_CHECK_HTTP_TIMEOUT) before the transaction
+    # opens, as at creation: a slow DNS holds no transaction or row lock (docs/decisions/0087).
     if check_url:
         callback_url_check(check_url)
+    return _check_url_store(name=name, check_url=check_url, origin=origin)
+
+
+@transaction.atomic  # a change the web processes cannot be told of is rolled back (503)
+def _check_url_store(*, name: str, check_url: str, origin: Origin) -> ProducerGroup:
+    """producer_group_update's write, its URL checked."""
     # Lock: the audit record's old URL is the one this change replaced, not one a concurrent
     # change replaced meanwhile.
     old = ProducerGroup.objects.select_for_update().filter(name=name).values("pk", "check_url")

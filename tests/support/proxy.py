@@ -19,7 +19,11 @@ class TcpProxy:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
+        """Stops accepting at once: without the shutdown, an accept() already waiting in its
+        thread would still take one more connection after the close."""
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
 
     def serve(self, client: socket.socket) -> None:

@@ -63,6 +63,9 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
     """
     batch = limit or settings.TXHUB_DELIVERY_BATCH
     with transaction.atomic():
+        # Lock (before the queues' rows and the offsets the appends take): a measure of the
+        # delayed table under way is waited for here, holding nothing (decision 0089).
+        storage_usage.hold_measure(storage_usage.DELAYED)
         ids = list(
             DelayedMessage.objects.select_for_update(skip_locked=True, of=("self",))
             # Database clock: never visible before its time, whatever the worker's clock says.

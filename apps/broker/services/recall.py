@@ -47,6 +47,8 @@ def message_recall(
         return principal.can("produce", group) and topic in (None, topic_name)
 
     with transaction.atomic():
+        # Lock (before the delayed row and the recalled row's id): decision 0089.
+        storage_usage.hold_measure(storage_usage.DELAYED)
         delayed = (
             DelayedMessage.objects.select_for_update(of=("self",))
             .select_related("topic")

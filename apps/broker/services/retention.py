@@ -183,6 +183,8 @@ def _drain(
     total = 0
     while True:
         with transaction.atomic(), connection.cursor() as cursor:
+            if measured is not None:
+                storage_usage.hold_measure(measured)  # before the rows' locks: decision 0089
             cursor.execute(sql, params)
             deleted = int(cursor.rowcount)
             if measured is not None:
@@ -258,6 +260,9 @@ def _sweep_queue(
 
 def _delete_entries(topic_id: int, offsets: list[int], cutoff: datetime) -> int | None:
     with transaction.atomic(), connection.cursor() as cursor:
+        # Lock (the measure's, decision 0089): a measure of the log under way is waited for
+        # here, before the topic's lock below, which a first receive from the topic waits for.
+        storage_usage.hold_measure(storage_usage.COMMIT_LOG)
         # Lock (advisory, to the end of this transaction; not waiting): a first receive from the
         # topic that is making its cursors holds it shared until it commits them.
         cursor.execute(
@@ -296,6 +301,7 @@ def _sweep_halves(cutoff: datetime, batch: int, clock: _Clock) -> int:
 
 def _delete_halves(ids: list[int]) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
+        storage_usage.hold_measure(storage_usage.HALF_MESSAGES)  # first: decision 0089
         cursor.execute(_DOOMED_HALVES_SQL, [ids])
         doomed = [row[0] for row in cursor.fetchall()]
         cursor.execute("DELETE FROM broker_oprecord WHERE half_id = ANY(%s::bigint[])", [doomed])

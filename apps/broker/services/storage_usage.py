@@ -88,6 +88,20 @@ WHERE s.stored_table = %(table)s AND s.producer_group = gone.grp
 """
 
 
+_HOLD_MEASURE_SQL = "SELECT 1 FROM broker_storagemeasure WHERE stored_table = %s FOR SHARE"
+
+
+def hold_measure(table: Table) -> None:
+    """Call first in a transaction that will delete rows of `table` (then `forget_rows`), before
+    it takes any other lock or id: it waits here for a measure of the table under way, holding
+    nothing. Waiting later, it held what it had taken meanwhile (the queues' rows a delayed
+    delivery appends to, which every send to them needs; a topic's retention lock, which a first
+    receive needs) and the ids it had inserted, which then committed too late to be counted and
+    were taken off when deleted (docs/decisions/0089)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_MEASURE_SQL, [table.name])
+
+
 def forget_rows(table: Table, rows: list[tuple[str, int, int]]) -> None:
     """Called in the transaction that deleted `rows` (group, id, bytes) of `table`."""
     if not rows:

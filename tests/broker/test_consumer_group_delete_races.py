@@ -137,3 +137,29 @@ def test_receives_and_acks_in_a_loop_meet_a_deletion_with_no_error_but_not_found
             stop.set()
         assert all(c.result(BOUND) >= 0 for c in consumers)  # raises a consumer's exception
     assert rows_naming(group.pk) == 0
+
+
+def test_a_receive_is_not_held_behind_a_change_of_the_groups_topics() -> None:
+    """A binding change locks the group's row against another change, not against its receives
+    (their FOR KEY SHARE, decision 0089): they go on while it runs."""
+    topic, group = setup()
+    changing, release = Event(), Event()
+
+    def change_held_open() -> None:
+        with transaction.atomic():
+            registry.consumer_group_bind_topics(name="billing", topics=["orders"])
+            changing.set()
+            assert release.wait(BOUND)
+
+    with ThreadPoolExecutor(2) as pool:
+        change = pool.submit(on_own_connection(change_held_open))
+        assert changing.wait(BOUND)
+        receiving = pool.submit(on_own_connection(lambda: receive(group, topic)))
+        try:
+            assert len(receiving.result(5)) == 2, "the receive waited for the binding change"
+        finally:
+            release.set()
+        change.result(BOUND)
+    assert list(ConsumerGroup.objects.get(pk=group.pk).topics.values_list("name", flat=True)) == [
+        "orders"
+    ]

@@ -219,8 +219,9 @@ def _bind_topics(
             "topics", f"At most {limits.MAX_BOUND_TOPICS} topics can be bound to a group."
         )
     # Lock: two concurrent replacements would interleave their deletes and inserts and leave the
-    # union of both lists; with the group's row locked the last one wins whole.
-    group = model.objects.select_for_update().filter(name=name).first()
+    # union of both lists; with the group's row locked the last one wins whole. NO KEY: the
+    # group's receives (FOR KEY SHARE, group_locks.py) go on meanwhile (decision 0089).
+    group = model.objects.select_for_update(no_key=True).filter(name=name).first()
     if group is None:
         raise NotFound(f"{what} group {name!r} does not exist.")
     found = list(Topic.objects.filter(name__in=wanted))

@@ -108,7 +108,12 @@ def test_deleting_a_group_removes_every_row_it_had_and_only_its_own(db: None) ->
     assert rows_of(audit.pk) == kept  # positive control: the other group is untouched
     record = AuditRecord.objects.get(action="consumer_group_delete")
     assert (record.target, record.actor, record.door) == ("billing", "system", "system")
-    assert record.detail == {"deliveries": gone, "topics_read": 1}
+    # No token held its scope (tests/broker/test_deleted_group_leaves_no_access.py: those that do).
+    assert record.detail == {
+        "deliveries": gone,
+        "topics_read": 1,
+        "scope_removed_from_tokens": [],
+    }
 
 
 def test_a_fifo_groups_held_messages_go_with_it(db: None) -> None:
@@ -174,7 +179,11 @@ def test_rest_delete_answers_204_then_receive_answers_as_for_a_group_never_made(
     assert rows_of(billing.pk) == NOTHING
     record = AuditRecord.objects.get(action="consumer_group_delete")
     assert (record.actor, record.door, record.address) == ("admin-test", "rest", "203.0.113.7")
-    after = consumer.post("/api/v1/consumer-groups/billing/receive", body, format="json")
+    # The group's scope went with it (decision 0088): its consumer's token is refused 403; a
+    # token that may name any group (admin) is told what a group never made is told.
+    gone = consumer.post("/api/v1/consumer-groups/billing/receive", body, format="json")
+    assert_error(gone, 403, "forbidden")
+    after = api.post("/api/v1/consumer-groups/billing/receive", body, format="json")
     never = consumer.post("/api/v1/consumer-groups/never-made/receive", body, format="json")
     assert_error(after, 404, "not_found")
     assert_error(never, 404, "not_found")
@@ -186,8 +195,12 @@ def test_rest_delete_answers_204_then_receive_answers_as_for_a_group_never_made(
     assert (
         api.post("/api/v1/consumer-groups", {"name": "billing"}, format="json").status_code == 201
     )
+    # Not to the old group's token: the operator gives the new group's scope to whom it chooses.
     again = consumer.post("/api/v1/consumer-groups/billing/receive", body, format="json")
-    assert again.status_code == 200
+    assert_error(again, 403, "forbidden")
+    assert (
+        api.post("/api/v1/consumer-groups/billing/receive", body, format="json").status_code == 200
+    )
 
 
 def test_after_deletion_the_sweep_frees_what_only_that_group_held(db: None) -> None:

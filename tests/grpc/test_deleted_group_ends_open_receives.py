@@ -1,6 +1,7 @@
 """Deleting a consumer group answers its waiting receives at once, as a receive of a group that
 never existed is answered (docs/decisions/0088): REST 404 `not_found`, gRPC
-CONSUMER_GROUP_NOT_FOUND; not at the end of their wait. Over the real gRPC server and the real
+CONSUMER_GROUP_NOT_FOUND; not at the end of their wait. Later receives of the group's tokens are
+refused as tokens without its scope, which went with it. Over the real gRPC server and the real
 ASGI gunicorn, whose processes also kept the group in their caches (decision 0026). The deletion
 is the service DELETE /api/v1/consumer-groups/{group} runs; it reaches the waits through
 Postgres NOTIFY on the wake-up hubs' channel."""
@@ -34,7 +35,7 @@ def waiting(topic: str, group: str) -> bool:
     return ConsumerCursor.objects.filter(topic__name=topic, group__name=group).exists()
 
 
-def test_deleting_a_group_ends_its_grpc_long_poll_and_later_receives_are_not_found(
+def test_deleting_a_group_ends_its_grpc_long_poll_and_later_receives_are_refused(
     grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
 ) -> None:
     doomed, spared = rocketmq_setup("-doomed"), rocketmq_setup("-spared")
@@ -63,9 +64,10 @@ def test_deleting_a_group_ends_its_grpc_long_poll_and_later_receives_are_not_fou
     assert answered_after < ANSWERED_WITHIN, f"answered {answered_after:.1f} s after"
     # Positive control: another group's wait ran its course (nothing to receive).
     assert spared_answer.status.code == pb.Code.MESSAGE_NOT_FOUND, spared_answer.status
-    # A receive after the deletion, through the server's cached group: as for a group never made.
+    # A receive after the deletion, through the server's cached token: its scope went with the
+    # group (decision 0088), so the group's name is no longer the token's to use.
     [later] = receive(doomed, 0)
-    assert later.status.code == pb.Code.CONSUMER_GROUP_NOT_FOUND, later.status
+    assert later.status.code == pb.Code.FORBIDDEN, later.status
 
 
 def test_deleting_a_group_ends_its_rest_long_poll_with_404(server: Server) -> None:
@@ -92,6 +94,7 @@ def test_deleting_a_group_ends_its_rest_long_poll_with_404(server: Server) -> No
     assert answer.status_code == 404, answer.text
     assert answer.json()["error"]["code"] == "not_found"
     assert answered_after < ANSWERED_WITHIN, f"answered {answered_after:.1f} s after"
+    # A receive after the deletion: the token's scope went with the group (decision 0088).
     later = receive(0)
-    assert later.status_code == 404, later.text
-    assert later.json()["error"]["code"] == "not_found"
+    assert later.status_code == 403, later.text
+    assert later.json()["error"]["code"] == "forbidden"

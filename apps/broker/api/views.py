@@ -427,8 +427,9 @@ class ConsumerGroupDetailView(APIView):
     @extend_schema(responses={204: None})
     def delete(self, request: Request, group: str) -> Response:
         """Deletes the group with its cursors, deliveries (dead letters too) and topic bindings
-        (admin scope): its consumers' receives answer 404 from then on, and what it held of the
-        commit log goes at the next retention sweep."""
+        (admin scope), and removes its `consume:` scope from every token: waiting receives answer
+        404, later ones of those tokens 403, even if a group of the same name is made again; what
+        it held of the commit log goes at the next retention sweep."""
         # One write path, for every door (services/registry.py, docs/decisions/0088).
         require_admin(request)
         registry.consumer_group_delete(name=group, origin=origin(request))

@@ -8,7 +8,7 @@ from typing import TypeVar
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from apps.broker import config_cache, limits
+from apps.broker import access, config_cache, limits
 from apps.broker.models import (
     ApiToken,
     AuditAction,
@@ -160,13 +160,29 @@ _DELETE_GROUP_ROWS_SQL = (
     "DELETE FROM broker_consumergroup_topics WHERE consumergroup_id = %(id)s",
     "DELETE FROM broker_consumergroup WHERE id = %(id)s",
 )
+# The group's scope leaves every token that names it, revoked or not (docs/decisions/0088): a
+# later group of the same name is not theirs. Row locks in id order, so two deletions narrowing
+# the same tokens wait for each other rather than deadlock. A token left with no scope stays.
+_REMOVE_SCOPE_SQL = """
+UPDATE broker_apitoken SET scopes = scopes - %(scope)s
+WHERE id IN (
+    SELECT id FROM broker_apitoken WHERE scopes @> jsonb_build_array(%(scope)s::text)
+    ORDER BY id FOR UPDATE
+)
+RETURNING id
+"""
+# The group's consumers known to the gRPC door: a group of the same name does not show them.
+_FORGET_CLIENTS_SQL = (
+    "DELETE FROM broker_grpcclient WHERE \"group\" = %s AND client_type <> 'PRODUCER'"
+)
 
 
 @transaction.atomic  # all of it or nothing; a deletion the processes cannot be told of: 503
 def consumer_group_delete(*, name: str, origin: Origin = SYSTEM) -> dict[str, int]:
-    """Deletes the group with its cursors, deliveries (dead letters included) and topic bindings
-    (docs/decisions/0088); returns how many deliveries of each state went. What it held of the
-    commit log is the retention sweep's from then on (decision 0080)."""
+    """Deletes the group with its cursors, deliveries (dead letters included), topic bindings and
+    gRPC consumer rows, and removes its `consume:` scope from every token (docs/decisions/0088);
+    returns how many deliveries of each state went. What it held of the commit log is the
+    retention sweep's from then on (decision 0080)."""
     # Lock: waits for the group's receives under way; later ones find it gone (group_locks.py).
     group_id = group_locks.lock_for_delete(name=name)
     with connection.cursor() as cursor:
@@ -184,13 +200,20 @@ def consumer_group_delete(*, name: str, origin: Origin = SYSTEM) -> dict[str, in
         deliveries = {str(state).lower(): int(count) for state, count in cursor.fetchall()}
         for statement in _DELETE_GROUP_ROWS_SQL:
             cursor.execute(statement, {"id": group_id})
+        cursor.execute(_REMOVE_SCOPE_SQL, {"scope": access.scope_of("consume", name)})
+        narrowed = sorted(int(row[0]) for row in cursor.fetchall())
+        cursor.execute(_FORGET_CLIENTS_SQL, [name])
         audit_record(
             action=AuditAction.CONSUMER_GROUP_DELETE,
             origin=origin,
             target=name,
-            detail={"deliveries": deliveries, "topics_read": len(topic_ids)},
+            detail={
+                "deliveries": deliveries,
+                "topics_read": len(topic_ids),
+                "scope_removed_from_tokens": narrowed,
+            },
         )
-        # Raw deletes send no signal: the processes' cached group goes now (decision 0026).
+        # Raw writes send no signal: the processes' cached group and tokens go now (0026).
         config_cache.changed()
         # Its waiting receives, in every process, try again when this commits and are told
         # (apps/broker/wakeups.py).

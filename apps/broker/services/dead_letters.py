@@ -22,11 +22,22 @@ from apps.broker.services.sending import RECEIVABLE_CHANNEL, notify_receivable
 # not expire what a consumer still holds).
 # A FIFO group's message dead-lettered frees its message group: the next one is announced at
 # the commit (decision 0054).
+# The groups: a receive's own (its transaction holds it against a deletion: group_locks.py), or
+# for the periodic scan those no deletion is under way for, each held FOR KEY SHARE before any of
+# its deliveries is touched. A group being deleted is skipped (its deliveries are going): else the
+# scan's UPDATE, taking the group's expired deliveries in its index's order, and the deletion's
+# DELETE, taking them in the table's, could each hold a row the other waits for, a deadlock
+# (docs/decisions/0088).
+_RECEIVE_GROUPS = "broker_consumergroup"
+_SCAN_GROUPS = """(
+    SELECT id, max_delivery_attempts FROM broker_consumergroup
+    WHERE id = ANY(%(groups)s::bigint[]) FOR KEY SHARE SKIP LOCKED
+)"""
 _DEAD_LETTER_SQL = f"""
 WITH dead AS (
     UPDATE broker_delivery d SET state = %(dlq)s,
         dlq_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-    FROM broker_consumergroup g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id
+    FROM {{groups}} g WHERE g.id = ANY(%(groups)s::bigint[]) AND d.group_id = g.id
         AND (%(topic)s::bigint IS NULL OR d.topic_id = %(topic)s::bigint)
         AND d.state = %(inflight)s
         AND d.invisible_until <= coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -40,10 +51,12 @@ SELECT (SELECT count(*) FROM dead), (
 """  # noqa: S608 - composed of constants only
 
 
-def _dead_letter(group_ids: list[int], topic: Topic | None, now: datetime | None) -> int:
+def _dead_letter(
+    group_ids: list[int], topic: Topic | None, now: datetime | None, *, scan: bool = False
+) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            _DEAD_LETTER_SQL,
+            _DEAD_LETTER_SQL.format(groups=_SCAN_GROUPS if scan else _RECEIVE_GROUPS),
             {
                 "dlq": DeliveryState.DLQ,
                 "inflight": DeliveryState.INFLIGHT,
@@ -72,7 +85,7 @@ def deliveries_expire() -> int:
     groups = scans.load_rows(ConsumerGroup.objects.all(), ids, scan="deliveries_expire")
     if not groups:
         return 0
-    return _dead_letter([group.pk for group in groups], None, None)
+    return _dead_letter([group.pk for group in groups], None, None, scan=True)
 
 
 def message_dead_letter(

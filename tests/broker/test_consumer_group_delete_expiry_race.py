@@ -12,7 +12,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from threading import Event
-from typing import TypeVar
 
 import pytest
 from django.db import connection, transaction
@@ -21,21 +20,11 @@ from django.utils import timezone
 from apps.broker.models import ConsumerGroup, Delivery, DeliveryState
 from apps.broker.services import consuming, dead_letters, registry, sending
 from apps.broker.services.sending import OutgoingMessage
+from tests.support.own_connection import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-T = TypeVar("T")
 BOUND = 10  # seconds a step may take (a bound, not a measurement)
-
-
-def on_own_connection(work: Callable[[], T]) -> Callable[[], T]:
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connection.close()
-
-    return run
 
 
 def waiting_for_a_lock(statement: str) -> bool:

@@ -5,10 +5,9 @@ deletion runs waits for it and is told the group is gone. Never a foreign-key er
 own connection; every thread's exception reaches the test through its future."""
 
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from threading import Event
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -17,21 +16,11 @@ from apps.broker.models import ConsumerGroup, Topic
 from apps.broker.services import consuming, registry, sending
 from apps.broker.services.errors import NotFound
 from apps.broker.services.sending import OutgoingMessage
+from tests.support.own_connection import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-T = TypeVar("T")
 BOUND = 10  # seconds a step may take (a bound, not a measurement)
-
-
-def on_own_connection(work: Callable[[], T]) -> Callable[[], T]:
-    def run() -> T:
-        try:
-            return work()
-        finally:
-            connection.close()
-
-    return run
 
 
 def setup() -> tuple[Topic, ConsumerGroup]:

@@ -5,11 +5,10 @@ its recall answered 409. Two interleavings are forced with a lock held by a thir
 then both run freely on many messages at once."""
 
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,10 +19,10 @@ from apps.broker.clock import db_now
 from apps.broker.models import CommitLogEntry, DelayedMessage, RecalledMessage, Topic
 from apps.broker.services import delivery
 from tests.conftest import Server, db_url_for_tests
+from tests.support.own_connection import in_thread
 from tests.support.responses import assert_error, expect
 from tests.support.waiting import wait_until
 
-T = TypeVar("T")
 BOUND = 30  # seconds any one step may take (a bound, not a measurement)
 
 
@@ -54,22 +53,6 @@ class Shop:
 @pytest.fixture
 def shop(server: Server) -> Shop:
     return Shop(server)
-
-
-def in_thread(fn: Callable[[], T]) -> Future[T]:
-    """`fn` in a thread of its own with its own database connection, closed after it; its
-    result or exception comes back through the future (nothing is swallowed)."""
-
-    def run() -> T:
-        try:
-            return fn()
-        finally:
-            connection.close()
-
-    pool = ThreadPoolExecutor(1)
-    future = pool.submit(run)
-    pool.shutdown(wait=False)
-    return future
 
 
 @contextmanager

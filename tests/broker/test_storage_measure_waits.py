@@ -5,11 +5,10 @@ a delayed delivery writes is counted, however long it waited. A third connection
 table's measure row as a measure does, for as long as the test says; every other party is the
 real code on its own connection."""
 
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,6 +21,7 @@ from apps.broker.models_storage import StoredBytes
 from apps.broker.services import consuming, delivery, registry, retention, sending, storage_usage
 from apps.broker.services.sending import OutgoingMessage
 from tests.conftest import db_url_for_tests
+from tests.support.own_connection import in_thread
 from tests.support.storage import no_quota_published
 from tests.support.waiting import wait_until
 
@@ -32,24 +32,8 @@ pytestmark = [
     pytest.mark.usefixtures("no_quota_published"),
 ]
 
-T = TypeVar("T")
 BOUND = 30  # seconds any one step may take (a bound, not a measurement)
 PROMPT = 5  # seconds a step that waits for nothing may take (a bound)
-
-
-def in_thread(fn: Callable[[], T]) -> Future[T]:
-    """`fn` on a connection of its own, closed after it; its result or exception comes back."""
-
-    def run() -> T:
-        try:
-            return fn()
-        finally:
-            connection.close()
-
-    pool = ThreadPoolExecutor(1)
-    future = pool.submit(run)
-    pool.shutdown(wait=False)
-    return future
 
 
 @contextmanager

@@ -33,11 +33,15 @@ from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import set_script_prefix
 from rest_framework import exceptions
-from rest_framework.renderers import JSONRenderer
 
 from apps.broker import wakeups
 from apps.broker.api import auth, lean, long_poll, views
-from apps.broker.api.errors import error_body, exception_handler, retry_after_seconds
+from apps.broker.api.errors import (
+    error_body,
+    internal_error_body,
+    rendered_error,
+    retry_after_seconds,
+)
 from apps.broker.services.registry import hash_token
 
 logger = logging.getLogger(__name__)
@@ -373,18 +377,14 @@ def _database_failed(error: Exception) -> HttpResponse:
     """A database error met before DRF's request cycle, answered by the API's one exception
     handler (apps/broker/api/errors.py): 503 `unavailable` with Retry-After when the database
     could not be reached, else the contract's 500 `internal_error` (it logs either)."""
-    handled = exception_handler(error, {})
-    if handled is None:
-        failure = error_body("internal_error", "Something went wrong on our side; it is logged.")
-        return HttpResponse(json.dumps(failure), status=500, content_type="application/json")
-    answer = HttpResponse(
-        JSONRenderer().render(handled.data),
-        status=handled.status_code,
-        content_type="application/json",
-    )
-    for name, value in handled.items():
-        if name.lower() != "content-type":
-            answer[name] = value
+    rendered = rendered_error(error)
+    if rendered is None:
+        body = json.dumps(internal_error_body())
+        return HttpResponse(body, status=500, content_type="application/json")
+    status, body_bytes, headers = rendered
+    answer = HttpResponse(body_bytes, status=status, content_type="application/json")
+    for name, value in headers.items():
+        answer[name] = value
     return answer
 
 

@@ -16,6 +16,7 @@ from django.core.exceptions import (
 from django.db import DatabaseError, InterfaceError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from apps.broker.services.errors import BrokerError, Throttled, database_unreachable_here
@@ -110,6 +111,21 @@ def _first_message(detail: Any) -> str:
     if isinstance(detail, list) and detail:
         return _first_message(detail[0])
     return str(detail)
+
+
+def internal_error_body() -> dict[str, Any]:
+    """The contract's 500: no SQL, no trace (what happened is logged)."""
+    return error_body(CODES[500], "Something went wrong on our side; it is logged.")
+
+
+def rendered_error(error: Exception) -> tuple[int, bytes, dict[str, str]] | None:
+    """An error met outside DRF's request cycle, answered by the one exception handler below:
+    (status, JSON body, headers but its content type), or None for a bug (the caller's 500)."""
+    handled = exception_handler(error, {})
+    if handled is None:
+        return None
+    headers = {name: value for name, value in handled.items() if name.lower() != "content-type"}
+    return handled.status_code, JSONRenderer().render(handled.data), headers
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -211,7 +227,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
 def handler500(request: HttpRequest) -> Any:
     if request.path.startswith("/api/"):
         return JsonResponse(
-            error_body(CODES[500], "Something went wrong on our side; it is logged."),
+            internal_error_body(),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,
         )
     from django.views.defaults import server_error

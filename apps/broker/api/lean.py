@@ -52,7 +52,7 @@ from rest_framework.views import APIView
 from apps.broker import metrics
 from apps.broker.api import auth, batch_views, long_poll, views
 from apps.broker.api import urls as api_urls
-from apps.broker.api.errors import error_body, exception_handler
+from apps.broker.api.errors import exception_handler, internal_error_body
 from apps.broker.api.parsers import LimitedJSONParser
 from apps.broker.services.consuming import WaitPlan
 from apps.broker.services.errors import BrokerError
@@ -289,8 +289,7 @@ def answer(call: Call) -> Answer:
         body = _renderer.render(response.data) if response.data is not None else b""
     except Exception:  # noqa: BLE001 - a bug: Django's 500 handler answers this way for the API
         _request_logger.exception("Internal Server Error: %s", request.path)
-        failure = error_body("internal_error", "Something went wrong on our side; it is logged.")
-        rendered = _renderer.render(failure)
+        rendered = _renderer.render(internal_error_body())
         metrics.LEAN_ANSWERS.labels(call.route.view.__name__).inc()
         # As handler500's answer: no Allow (DRF re-raised before finalize_response).
         return Answer(500, rendered, _headers(None, [], rendered, call.secure))

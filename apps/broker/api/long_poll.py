@@ -21,7 +21,11 @@ from rest_framework.renderers import JSONRenderer
 
 from apps.broker import waiting, wakeups
 from apps.broker.api import output
-from apps.broker.api.errors import error_body, exception_handler
+from apps.broker.api.errors import (
+    error_body,
+    internal_error_body,
+    rendered_error,
+)
 from apps.broker.services import consuming
 from apps.broker.services.errors import Throttled
 
@@ -62,13 +66,11 @@ def _try_again(plan: consuming.WaitPlan) -> Attempt:
         data = {"messages": output.render_many(output.ReceivedOut, received)}
         return 200, JSONRenderer().render(data), {}
     except Exception as error:  # noqa: BLE001 - answered in the contract's format, as DRF would
-        handled = exception_handler(error, {})
-        if handled is None:
+        rendered = rendered_error(error)
+        if rendered is None:
             logger.exception("receive failed while waiting")
-            body = error_body("internal_error", "Something went wrong on our side; it is logged.")
-            return 500, JSONRenderer().render(body), {}
-        headers = {name: value for name, value in handled.items() if name.lower() != "content-type"}
-        return handled.status_code, JSONRenderer().render(handled.data), headers
+            return 500, JSONRenderer().render(internal_error_body()), {}
+        return rendered
     finally:
         connections.close_all()
 

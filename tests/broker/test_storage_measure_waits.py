@@ -17,12 +17,11 @@ from django.utils import timezone
 
 from apps.broker.clock import db_now
 from apps.broker.models import CommitLogEntry, Topic
-from apps.broker.models_storage import StoredBytes
 from apps.broker.services import consuming, delivery, registry, retention, sending, storage_usage
 from apps.broker.services.sending import OutgoingMessage
 from tests.conftest import db_url_for_tests
 from tests.support.own_connection import in_thread
-from tests.support.storage import no_quota_published
+from tests.support.storage import counted, no_quota_published, truth
 from tests.support.waiting import wait_until
 
 __all__ = ["no_quota_published"]
@@ -38,10 +37,11 @@ PROMPT = 5  # seconds a step that waits for nothing may take (a bound)
 
 @contextmanager
 def measure_under_way(table: storage_usage.Table) -> Iterator[None]:
-    """A third connection holds `table`'s measure row as a measure reading it does."""
+    """A third connection holds `table`'s measure lock as a measure reading it does."""
     with psycopg.connect(db_url_for_tests()) as measure:
         measure.execute(
-            "SELECT 1 FROM broker_storagemeasure WHERE stored_table = %s FOR UPDATE", [table.name]
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+            [storage_usage.MEASURE_LOCK, table.name],
         )
         yield
         measure.rollback()
@@ -51,7 +51,7 @@ def waiting_for_the_measure() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database() AND query LIKE '%%broker_storagemeasure%%' "
+            "AND datname = current_database() AND query LIKE '%%pg_advisory_xact_lock_shared%%' "
             "AND pid <> pg_backend_pid()"
         )
         row = cursor.fetchone()
@@ -68,27 +68,6 @@ def a_delayed_message_due(topic: Topic) -> None:
     send(topic, due_in=0.3)
     due = db_now() + timedelta(seconds=0.4)
     wait_until(lambda: db_now() > due, timeout=BOUND, interval=0.05)
-
-
-def truth() -> dict[str, int]:
-    """Every group's bytes, a full SUM over every table that keeps messages."""
-    total: dict[str, int] = {}
-    with connection.cursor() as cursor:
-        for table in storage_usage.TABLES:
-            group, size = table.group.format(t="r"), storage_usage.SIZE_SQL.format(t="r")
-            sql = f"SELECT {group}, sum({size}) FROM {table.name} r {table.joins} GROUP BY 1"  # noqa: S608
-            cursor.execute(sql)
-            for name, kept in cursor.fetchall():
-                total[name] = total.get(name, 0) + int(kept)
-    return total
-
-
-def counted() -> dict[str, int]:
-    """Every group's bytes as the measure keeps them, zero and below included."""
-    total: dict[str, int] = {}
-    for row in StoredBytes.objects.all():
-        total[row.producer_group] = total.get(row.producer_group, 0) + row.counted + row.recent
-    return total
 
 
 @pytest.fixture

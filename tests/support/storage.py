@@ -5,9 +5,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from django.db import connection
 
 from apps.broker import shared_cache, storage_quota
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, RecalledMessage
+from apps.broker.models_storage import StoredBytes
 from apps.broker.services import storage_usage
 
 
@@ -18,6 +20,27 @@ def stored_rows() -> tuple[int, int, int, int]:
         DelayedMessage.objects.count(),
         RecalledMessage.objects.count(),
     )
+
+
+def truth() -> dict[str, int]:
+    """Every group's bytes, a full SUM over every table that keeps messages."""
+    total: dict[str, int] = {}
+    with connection.cursor() as cursor:
+        for table in storage_usage.TABLES:
+            group, size = table.group.format(t="r"), storage_usage.SIZE_SQL.format(t="r")
+            sql = f"SELECT {group}, sum({size}) FROM {table.name} r {table.joins} GROUP BY 1"  # noqa: S608
+            cursor.execute(sql)
+            for name, kept in cursor.fetchall():
+                total[name] = total.get(name, 0) + int(kept)
+    return total
+
+
+def counted() -> dict[str, int]:
+    """Every group's bytes as the measure keeps them, zero and below included."""
+    total: dict[str, int] = {}
+    for row in StoredBytes.objects.all():
+        total[row.producer_group] = total.get(row.producer_group, 0) + row.counted + row.recent
+    return total
 
 
 def measured() -> dict[str, int]:

@@ -11,17 +11,30 @@ as it takes the room twice.
 Each table is read by id, incrementally, never whole: rows up to its `counted_to` are added up
 for good (StoredBytes.counted), and the statements that delete rows (retention, the delayed
 delivery, a recall) take theirs off in the same transaction (`forget_rows`). Rows above it are
-added up anew at each measure (StoredBytes.recent) and for good one measure later, so a row
-whose transaction commits within one measuring period of taking its id is counted; a row that
-took longer is missed (never counted twice). The send and prepare statements are not touched.
+added up anew at each measure (StoredBytes.recent). A measure moves `counted_to` to the top id
+an earlier measure saw only once every transaction that was running then has ended
+(docs/decisions/0095): a row whose transaction commits late, however late, is in `recent` until
+it is counted for good, never missed and never counted twice. The send and prepare statements
+are not touched.
 """
 
+import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
+from django.db.backends.utils import CursorWrapper
+from psycopg import errors
 
 from apps.broker import storage_quota
+
+logger = logging.getLogger(__name__)
+
+# The advisory lock (this class, hashtext of a table's name) a measure of the table takes alone
+# and every transaction deleting its rows takes shared (docs/decisions/0089, 0095). Advisory
+# locks queue: a measure waiting for deletions under way is not passed by the next ones, as it
+# is by row locks taken FOR SHARE, so steady deletions cannot keep it away.
+MEASURE_LOCK = 0x7478_736D  # "txsm"
 
 # One SQL expression, every reader's: a row's stored bytes. octet_length of a bytea and
 # pg_column_size read the stored value's header, never its TOASTed content.
@@ -71,12 +84,12 @@ ON CONFLICT (producer_group, stored_table) DO UPDATE SET recent = EXCLUDED.recen
 """
 
 # Rows a statement deleted (their groups, ids and bytes), taken off what was counted of them.
-# Lock (the table's measure row, shared, to the end of the deleting transaction): a measure
-# under way holds it to its commit, so rows it is adding up now are taken off with its new
+# The deleting transaction holds MEASURE_LOCK shared (hold_measure) to its end: a measure under
+# way holds it alone to its commit, so rows it is adding up now are taken off with its new
 # `counted_to`, and rows it will not see (deleted first) are taken off with the old one.
 _FORGET_SQL = """
 WITH measure AS (
-    SELECT counted_to FROM broker_storagemeasure WHERE stored_table = %(table)s FOR SHARE
+    SELECT counted_to FROM broker_storagemeasure WHERE stored_table = %(table)s
 ), gone AS (
     SELECT u.grp, sum(u.bytes)::bigint AS bytes
     FROM unnest(%(groups)s::varchar[], %(ids)s::bigint[], %(sizes)s::bigint[]) u(grp, id, bytes),
@@ -88,7 +101,7 @@ WHERE s.stored_table = %(table)s AND s.producer_group = gone.grp
 """
 
 
-_HOLD_MEASURE_SQL = "SELECT 1 FROM broker_storagemeasure WHERE stored_table = %s FOR SHARE"
+_HOLD_MEASURE_SQL = "SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))"
 
 
 def hold_measure(table: Table) -> None:
@@ -99,7 +112,7 @@ def hold_measure(table: Table) -> None:
     receive needs) and the ids it had inserted, which then committed too late to be counted and
     were taken off when deleted (docs/decisions/0089)."""
     with connection.cursor() as cursor:
-        cursor.execute(_HOLD_MEASURE_SQL, [table.name])
+        cursor.execute(_HOLD_MEASURE_SQL, [MEASURE_LOCK, table.name])
 
 
 def forget_rows(table: Table, rows: list[tuple[str, int, int]]) -> None:
@@ -107,6 +120,7 @@ def forget_rows(table: Table, rows: list[tuple[str, int, int]]) -> None:
     if not rows:
         return
     groups, ids, sizes = (list(column) for column in zip(*rows, strict=True))
+    hold_measure(table)  # held already by every caller; taken again, it is theirs to the end
     with connection.cursor() as cursor:
         cursor.execute(
             _FORGET_SQL, {"table": table.name, "groups": groups, "ids": ids, "sizes": sizes}
@@ -136,51 +150,81 @@ def delayed_delete(ids: list[int]) -> None:
 
 
 def storage_measure() -> dict[str, int]:
-    """Measures every table (each in a transaction of its own; a table another measure is
-    reading is left to it) and publishes the groups at or over their quota. Returns them, with
-    the bytes each keeps."""
-    for table in TABLES:
-        _measure(table)
-    over = groups_over_quota()
+    """Measures every table (each in a transaction of its own, waiting up to one measuring
+    period for the deletions under way and for another measure of it) and publishes the groups
+    at or over their quota. Returns them, with the bytes each keeps."""
     period = settings.CELERY_BEAT_SCHEDULE["storage-measure"]["schedule"].total_seconds()
+    for table in TABLES:
+        _measure(table, wait_seconds=period)
+    over = groups_over_quota()
     storage_quota.publish(over, seconds=max(60.0, 6 * period))
     return over
 
 
-def _measure(table: Table) -> None:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO broker_storagemeasure (stored_table, counted_to, seen_to, measured_at) "
-            "VALUES (%s, 0, 0, now()) ON CONFLICT (stored_table) DO NOTHING",
-            [table.name],
-        )
-        # Lock (the table's measure row, to the commit; another measure skips it): measures
-        # of two beats would add the same rows twice; deletions wait (see _FORGET_SQL).
-        cursor.execute(
-            "SELECT counted_to, seen_to FROM broker_storagemeasure WHERE stored_table = %s "
-            "FOR UPDATE SKIP LOCKED",
-            [table.name],
-        )
-        row = cursor.fetchone()
-        if row is None:
-            return
-        counted_to, seen_to = row
-        cursor.execute(f"SELECT coalesce(max({table.id_column}), 0) FROM {table.name}")  # noqa: S608
-        [(top,)] = cursor.fetchall()
-        top = max(top, seen_to)
+# The top id of a table and, in the same snapshot, the oldest transaction still running and the
+# first not yet begun (as bigint: an xid8 stays far below 2**63).
+_TOP_SQL = """
+SELECT (SELECT coalesce(max({id}), 0) FROM {table}),
+    pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+    pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+"""
+
+
+def _measure(table: Table, wait_seconds: float) -> None:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO broker_storagemeasure (stored_table, counted_to, seen_to, "
+                "seen_horizon, measured_at) VALUES (%s, 0, 0, 0, now()) "
+                "ON CONFLICT (stored_table) DO NOTHING",
+                [table.name],
+            )
+            # Lock (MEASURE_LOCK alone, to the commit): measures of two beats would add the same
+            # rows twice; deletions wait (see _FORGET_SQL). Bounded: past it, the next beat.
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                [f"{wait_seconds}s"],
+            )
+            [(lock_timeout, _)] = cursor.fetchall()
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [MEASURE_LOCK, table.name]
+            )
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [lock_timeout])
+            _measure_held(cursor, table)
+    except OperationalError as error:
+        if not isinstance(error.__cause__, errors.LockNotAvailable):
+            raise
+        logger.warning("storage measure of %s left to the next beat: lock wait", table.name)
+
+
+def _measure_held(cursor: CursorWrapper, table: Table) -> None:
+    cursor.execute(
+        "SELECT counted_to, seen_to, seen_horizon FROM broker_storagemeasure "
+        "WHERE stored_table = %s FOR UPDATE",
+        [table.name],
+    )
+    counted_to, seen_to, seen_horizon = cursor.fetchone()
+    cursor.execute(_TOP_SQL.format(id=table.id_column, table=table.name))
+    [(top, oldest_running, first_unbegun)] = cursor.fetchall()
+    # Rule (docs/decisions/0095): ids up to seen_to were taken by transactions that had begun
+    # before seen_horizon; once none of those runs, every row up to seen_to that will ever be
+    # there is visible now, and counted_to moves there. Until then it stays.
+    ended = oldest_running >= seen_horizon
+    if ended:
         params: dict[str, Any] = {"table": table.name, "low": counted_to, "high": seen_to}
         cursor.execute(_COUNTED_SQL.format(sums=table.sums_sql()), params)
-        cursor.execute(
-            "UPDATE broker_storedbytes SET recent = 0 WHERE stored_table = %s AND recent <> 0",
-            [table.name],
-        )
-        params.update(low=seen_to, high=top)
-        cursor.execute(_RECENT_SQL.format(sums=table.sums_sql()), params)
-        cursor.execute(
-            "UPDATE broker_storagemeasure SET counted_to = %s, seen_to = %s, measured_at = now() "
-            "WHERE stored_table = %s",
-            [seen_to, top, table.name],
-        )
+        counted_to, seen_to, seen_horizon = seen_to, max(top, seen_to), first_unbegun
+    cursor.execute(
+        "UPDATE broker_storedbytes SET recent = 0 WHERE stored_table = %s AND recent <> 0",
+        [table.name],
+    )
+    params = {"table": table.name, "low": counted_to, "high": max(top, seen_to)}
+    cursor.execute(_RECENT_SQL.format(sums=table.sums_sql()), params)
+    cursor.execute(
+        "UPDATE broker_storagemeasure SET counted_to = %s, seen_to = %s, seen_horizon = %s, "
+        "measured_at = now() WHERE stored_table = %s",
+        [counted_to, seen_to, seen_horizon, table.name],
+    )
 
 
 def stored_bytes() -> dict[str, int]:

@@ -7,14 +7,15 @@ from django.utils import timezone
 
 class StorageMeasure(models.Model):
     """How far the measure has read one table of messages, by id: rows up to `counted_to` are in
-    their groups' `StoredBytes.counted`; `seen_to` is the top id a measure saw, where
-    `counted_to` moves once no transaction older than `seen_horizon` (the first xid not yet
-    begun then) runs (docs/decisions/0095)."""
+    their groups' `StoredBytes.counted`; `counted_to` moves to `seen_to` once no transaction
+    older than `seen_horizon` (the first xid not yet begun at the measure that set them) runs;
+    `pending_to`, the top id that measure saw, becomes `seen_to` then (docs/decisions/0095)."""
 
     stored_table = models.CharField(max_length=63, unique=True)
     counted_to = models.BigIntegerField(default=0)
     seen_to = models.BigIntegerField(default=0)
     seen_horizon = models.BigIntegerField(default=0)
+    pending_to = models.BigIntegerField(default=0)
     measured_at = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:

@@ -12,4 +12,9 @@ class Migration(migrations.Migration):
             name="seen_horizon",
             field=models.BigIntegerField(default=0),
         ),
+        migrations.AddField(
+            model_name="storagemeasure",
+            name="pending_to",
+            field=models.BigIntegerField(default=0),
+        ),
     ]

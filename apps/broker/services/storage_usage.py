@@ -175,7 +175,7 @@ def _measure(table: Table, wait_seconds: float) -> None:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "INSERT INTO broker_storagemeasure (stored_table, counted_to, seen_to, "
-                "seen_horizon, measured_at) VALUES (%s, 0, 0, 0, now()) "
+                "seen_horizon, pending_to, measured_at) VALUES (%s, 0, 0, 0, 0, now()) "
                 "ON CONFLICT (stored_table) DO NOTHING",
                 [table.name],
             )
@@ -199,31 +199,34 @@ def _measure(table: Table, wait_seconds: float) -> None:
 
 def _measure_held(cursor: CursorWrapper, table: Table) -> None:
     cursor.execute(
-        "SELECT counted_to, seen_to, seen_horizon FROM broker_storagemeasure "
+        "SELECT counted_to, seen_to, seen_horizon, pending_to FROM broker_storagemeasure "
         "WHERE stored_table = %s FOR UPDATE",
         [table.name],
     )
-    counted_to, seen_to, seen_horizon = cursor.fetchone()
+    counted_to, seen_to, seen_horizon, pending_to = cursor.fetchone()
     cursor.execute(_TOP_SQL.format(id=table.id_column, table=table.name))
     [(top, oldest_running, first_unbegun)] = cursor.fetchall()
     # Rule (docs/decisions/0095): ids up to seen_to were taken by transactions that had begun
     # before seen_horizon; once none of those runs, every row up to seen_to that will ever be
-    # there is visible now, and counted_to moves there. Until then it stays.
-    ended = oldest_running >= seen_horizon
-    if ended:
+    # there is visible now, and counted_to moves there. Until then it stays. An id read as
+    # top becomes seen_to one promotion later, with that later snapshot's horizon: a
+    # transaction that had taken an id but had no xid yet (between the two in one INSERT) has
+    # one by then.
+    if oldest_running >= seen_horizon:
         params: dict[str, Any] = {"table": table.name, "low": counted_to, "high": seen_to}
         cursor.execute(_COUNTED_SQL.format(sums=table.sums_sql()), params)
-        counted_to, seen_to, seen_horizon = seen_to, max(top, seen_to), first_unbegun
+        counted_to, seen_to = seen_to, max(pending_to, seen_to)
+        pending_to, seen_horizon = max(top, seen_to), first_unbegun
     cursor.execute(
         "UPDATE broker_storedbytes SET recent = 0 WHERE stored_table = %s AND recent <> 0",
         [table.name],
     )
-    params = {"table": table.name, "low": counted_to, "high": max(top, seen_to)}
+    params = {"table": table.name, "low": counted_to, "high": max(top, pending_to, seen_to)}
     cursor.execute(_RECENT_SQL.format(sums=table.sums_sql()), params)
     cursor.execute(
         "UPDATE broker_storagemeasure SET counted_to = %s, seen_to = %s, seen_horizon = %s, "
-        "measured_at = now() WHERE stored_table = %s",
-        [counted_to, seen_to, seen_horizon, table.name],
+        "pending_to = %s, measured_at = now() WHERE stored_table = %s",
+        [counted_to, seen_to, seen_horizon, pending_to, table.name],
     )
 
 

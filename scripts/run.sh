@@ -22,6 +22,17 @@ rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 export TXHUB_ALLOW_HTTP_CALLBACKS="${TXHUB_ALLOW_HTTP_CALLBACKS:-1}"
 # Shown again in the banner below, once everything answers (not buried under start-up logs).
 LOGIN="$("$BIN/python" manage.py ensure_superuser)"
+# /metrics names every tenant's topics and groups, so it asks for a bearer token (or a console
+# session; docs/decisions/0090). Unless one is given, the run uses var/metrics-token, written
+# once, so a Prometheus configured with it keeps scraping across runs.
+if [ -z "${TXHUB_METRICS_TOKEN:-}" ]; then
+  if [ ! -s var/metrics-token ]; then
+    (umask 077 && "$BIN/python" -c 'import secrets; print(secrets.token_urlsafe(32))' \
+      >var/metrics-token.tmp && mv var/metrics-token.tmp var/metrics-token)
+  fi
+  TXHUB_METRICS_TOKEN="$(cat var/metrics-token)"
+fi
+export TXHUB_METRICS_TOKEN
 
 pids=()
 stop() {
@@ -88,6 +99,7 @@ cat >&2 <<BANNER
     API       http://127.0.0.1:$PORT/api/v1/     (docs: http://127.0.0.1:$PORT/api/docs/)
     RocketMQ  127.0.0.1:$GRPC_PORT (gRPC, apache.rocketmq.v2; credentials: POST /api/v1/tokens)
     console   http://127.0.0.1:$PORT/console/    (admin: http://127.0.0.1:$PORT/admin/)
+    metrics   http://127.0.0.1:$PORT/metrics     (Authorization: Bearer $TXHUB_METRICS_TOKEN)
     login     ${LOGIN//$'\n'/$'\n'              }
     Ctrl-C stops everything.
 

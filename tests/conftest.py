@@ -23,6 +23,7 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache
 from apps.broker.api import failed_auth
 from apps.broker.services import registry
+from tests.support.metrics import METRICS_TOKEN
 from tests.support.ports import free_port
 from tests.support.scheduling import ModuleOrDirectoryScheduling, make_scheduler
 from tests.support.web import web_command
@@ -50,6 +51,10 @@ BIN = Path(sys.executable).parent
 os.environ["TXHUB_CACHE_URL"] = redis_url("cache")
 settings.TXHUB_CACHE_URL = settings.CACHES["default"]["LOCATION"] = redis_url("cache")
 settings.CELERY_BROKER_URL = redis_url("celery")
+
+# /metrics is closed without a token (docs/decisions/0090): one for this process and for the
+# gunicorn processes the tests start, which their scrapers send (tests/support/metrics.py).
+os.environ["TXHUB_METRICS_TOKEN"] = settings.TXHUB_METRICS_TOKEN = METRICS_TOKEN
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,4 +1,5 @@
-"""Liveness and readiness probes (plain JSON, no auth) and the Prometheus scrape endpoint."""
+"""Liveness and readiness probes (plain JSON, no auth) and the Prometheus scrape endpoint (a
+bearer token or an operator's session, docs/decisions/0090)."""
 
 import hmac
 import threading
@@ -58,12 +59,27 @@ def readyz(request: HttpRequest) -> JsonResponse:
     )
 
 
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format. Open like the probes unless TXHUB_METRICS_TOKEN is set."""
+def may_scrape(request: HttpRequest) -> bool:
+    """Who may read /metrics, which names every tenant's topics and groups (docs/decisions/0090):
+    the scraper sending TXHUB_METRICS_TOKEN as its bearer token, or an operator signed in to the
+    console (an active staff user). Nobody else, and nobody by a token when none is set."""
     expected = settings.TXHUB_METRICS_TOKEN
     if expected:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format, for the token holder or a signed-in operator (may_scrape)."""
+    if not may_scrape(request):
+        return HttpResponse(
+            "metrics token required\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )
     registry = scrape_registry(DATABASE_GAUGES)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

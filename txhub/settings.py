@@ -421,7 +421,7 @@ TXHUB_SPARK_SUBMIT = env_str("TXHUB_SPARK_SUBMIT", _SPARK_SUBMIT)
 TXHUB_JDBC_JAR = env_str("TXHUB_JDBC_JAR", "/usr/share/java/postgresql.jar")
 TXHUB_RECONCILE_TIMEOUT = env_float("TXHUB_RECONCILE_TIMEOUT", 3 * 3600)
 TXHUB_RECONCILE_OUTPUT = Path(env_str("TXHUB_RECONCILE_OUTPUT", f"{BASE_DIR}/var/reconciliation"))
-# When set, /metrics asks for "Authorization: Bearer <this>"; open (like /healthz) otherwise.
+# /metrics answers "Authorization: Bearer <this>" and console operators (decision 0090).
 TXHUB_METRICS_TOKEN = env_str("TXHUB_METRICS_TOKEN", "")
 # Failpoints (docs/decisions/0015) kill and stall processes on purpose: armed only in a debug run
 # or when TXHUB_ALLOW_FAILPOINTS says so (the chaos suite), never by a stray variable.

@@ -30,13 +30,13 @@ def secret_key_from_checkout_file(**kwargs: Any) -> list[checks.CheckMessage]:
 
 def production_keys_and_tokens(**kwargs: Any) -> list[checks.CheckMessage]:
     """`check --deploy` errors for what production must set (docs/operations.md): a metrics
-    token (the scrape shows every tenant's topics and groups) and a credentials key of its own
-    (docs/decisions/0036)."""
+    token (without one, /metrics answers only operators signed in to the console, never Prometheus:
+    docs/decisions/0090) and a credentials key of its own (docs/decisions/0036)."""
     found: list[checks.CheckMessage] = []
     if not settings.DEBUG and not settings.TXHUB_METRICS_TOKEN:
         found.append(
             checks.Error(
-                "/metrics is open to anyone: TXHUB_METRICS_TOKEN is not set.",
+                "Prometheus cannot scrape /metrics: TXHUB_METRICS_TOKEN is not set.",
                 hint="Set TXHUB_METRICS_TOKEN; Prometheus sends it as a bearer token.",
                 id="txhub.E001",
             )

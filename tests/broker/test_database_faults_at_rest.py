@@ -24,6 +24,7 @@ from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry
 from tests.conftest import client_for, start_gunicorn
 from tests.support import workers
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.ports import free_port
 from tests.support.statement_faults import CuttingProxy, Ending, statement_ended
 
@@ -55,7 +56,7 @@ class Door:
     def lean_answers(self) -> float:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            connection.request("GET", "/metrics")
+            connection.request("GET", "/metrics", headers=METRICS_HEADERS)
             text = connection.getresponse().read().decode()
         finally:
             connection.close()

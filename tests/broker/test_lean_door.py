@@ -30,6 +30,7 @@ from apps.broker.services import registry
 from tests.conftest import ROOT, db_url_for_tests, start_gunicorn
 from tests.support import workers
 from tests.support.listening import database_now, hub_listening
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.ports import free_port
 from tests.support.production import BEHIND_A_TLS_PROXY
 
@@ -65,7 +66,7 @@ class Door:
 
     def lean_answers(self) -> float:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        connection.request("GET", "/metrics")
+        connection.request("GET", "/metrics", headers=METRICS_HEADERS)
         text = connection.getresponse().read().decode()
         connection.close()
         return sum(

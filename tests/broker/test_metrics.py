@@ -20,6 +20,7 @@ from apps.broker.services.sending import OutgoingMessage, message_send
 from apps.broker.services.transactions import Actor
 from tests.conftest import Server, start_gunicorn
 from tests.support import workers
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.ports import free_port
 from tests.support.responses import expect
 from tests.support.transactions import PRODUCER, make_group, prepare, result
@@ -41,7 +42,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def scrape(client: Any = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = (client or Client()).get("/metrics")
+    response = (client or Client()).get("/metrics", headers=METRICS_HEADERS)
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     return samples(response.content.decode())
@@ -234,7 +235,7 @@ def test_counters_of_every_gunicorn_worker_are_summed(
             committed += 1
         counts = set()
         for _ in range(6):  # new connections land on either worker
-            text = requests.get(server.url("/metrics"), timeout=10).text
+            text = requests.get(server.url("/metrics"), headers=METRICS_HEADERS, timeout=10).text
             counts.add(resolved(samples(text), "COMMITTED", "PRODUCER"))
         assert counts == {float(committed)}
         assert HalfMessage.objects.filter(state=TransactionState.COMMITTED).count() == committed

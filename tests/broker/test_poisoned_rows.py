@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import DataError, connection
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -29,6 +30,7 @@ from apps.broker.services import (
     sending,
 )
 from apps.broker.services.sending import OutgoingMessage
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.responses import expect
 from tests.support.transactions import PRODUCER, make_group, prepare
 
@@ -93,7 +95,7 @@ def test_delayed_delivery_delivers_the_good_rows_beside_a_poisoned_one(
     assert delivery.delayed_deliver_for(seconds=0.2) == 0
     assert logged(caplog, "delayed_delivery", bad) == 1
     assert failed("delayed_delivery") == before + 1
-    scrape = api.get("/metrics").content.decode()
+    scrape = Client().get("/metrics", headers=METRICS_HEADERS).content.decode()
     assert 'txhub_scan_rows_failed_total{scan="delayed_delivery"}' in scrape
 
 

@@ -21,6 +21,7 @@ from apps.broker.api.errors import retry_after_seconds
 from apps.broker.models import HalfMessage
 from apps.broker.services import registry
 from tests.conftest import start_gunicorn
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -109,7 +110,9 @@ def _post_from(address: str, port: int, path: str, token: str) -> tuple[int, dic
 
 
 def _lean_answers(port: int) -> float:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    text = requests.get(
+        f"http://127.0.0.1:{port}/metrics", headers=METRICS_HEADERS, timeout=30
+    ).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()

@@ -28,6 +28,7 @@ from tests.conftest import start_gunicorn
 from tests.grpc.conftest import GrpcServer
 from tests.support import workers
 from tests.support.grpc import signed
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -52,7 +53,7 @@ class Web:
         )
 
     def lean_answers(self) -> float:
-        text = requests.get(self.base + "/metrics", timeout=30).text
+        text = requests.get(self.base + "/metrics", headers=METRICS_HEADERS, timeout=30).text
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()

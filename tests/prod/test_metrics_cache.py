@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.broker.services import registry
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.transactions import make_group, prepare
 from txhub.health import DATABASE_GAUGES
 
@@ -31,13 +32,13 @@ def test_many_scrapes_within_the_interval_run_the_queries_once(settings: Any) ->
     prepare(group, registry.topic_create(name="orders", queues=2))
     client = Client()
     with CaptureQueriesContext(connection) as first:
-        text = client.get("/metrics").content.decode()
+        text = client.get("/metrics", headers=METRICS_HEADERS).content.decode()
     assert len(first) >= 2  # the first scrape reads Postgres
     assert "orders" in topics_in(text)
 
     prepare(group, registry.topic_create(name="payments", queues=2))
     with CaptureQueriesContext(connection) as storm:
-        answers = [client.get("/metrics") for _ in range(200)]
+        answers = [client.get("/metrics", headers=METRICS_HEADERS) for _ in range(200)]
     assert {a.status_code for a in answers} == {200}
     assert len(storm) == 0  # 200 scrapes, not one query
     assert "payments" not in topics_in(answers[-1].content.decode())  # the cached copy
@@ -45,6 +46,6 @@ def test_many_scrapes_within_the_interval_run_the_queries_once(settings: Any) ->
     # Once the interval is over, the next scrape reads Postgres again, and only that one.
     settings.TXHUB_METRICS_CACHE_SECONDS = 0
     with CaptureQueriesContext(connection) as after:
-        fresh = client.get("/metrics").content.decode()
+        fresh = client.get("/metrics", headers=METRICS_HEADERS).content.decode()
     assert len(after) == len(first)
     assert "payments" in topics_in(fresh)

@@ -16,6 +16,7 @@ from django.test import Client, override_settings
 from apps.broker.models import ApiToken, ProducerGroup
 from tests.conftest import ROOT
 from tests.support.console import login
+from tests.support.metrics import METRICS_HEADERS
 from tests.support.production import BEHIND_A_TLS_PROXY
 
 # The environment docs/operations.md's "Production" section documents (values are examples).
@@ -38,7 +39,13 @@ SHOW_KEY = (
 
 
 def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    inherited = {"TXHUB_SECRET_KEY", "TXHUB_DEBUG", "TXHUB_CREDENTIALS_KEY", "TXHUB_FAILPOINTS"}
+    inherited = {
+        "TXHUB_SECRET_KEY",
+        "TXHUB_DEBUG",
+        "TXHUB_CREDENTIALS_KEY",
+        "TXHUB_FAILPOINTS",
+        "TXHUB_METRICS_TOKEN",  # the tests' own (tests/support/metrics.py)
+    }
     base = {k: v for k, v in os.environ.items() if k not in inherited}
     base["DJANGO_SETTINGS_MODULE"] = "txhub.settings"
     return subprocess.run(
@@ -120,7 +127,7 @@ def test_ssl_redirect_spares_the_probes_and_the_scrape_endpoint() -> None:
     with override_settings(SECURE_SSL_REDIRECT=True):
         client = Client()
         for path in ("/healthz", "/readyz", "/metrics"):
-            assert client.get(path).status_code in {200, 503}, path
+            assert client.get(path, headers=METRICS_HEADERS).status_code in {200, 503}, path
         login_page = client.get("/console/login/")
         assert login_page.status_code == 301
         assert login_page["Location"].startswith("https://")

@@ -454,3 +454,22 @@ def check_client_texts(*, language: str, version: str, hostname: str = "") -> No
             check_text(value)
         except LimitError as error:
             raise LimitError(f"A client's {field}: {error}", field=field) from None
+
+
+# The access point a gRPC client says it dialled: the routes echo it for every queue of a topic,
+# so it is bounded here, never copied as sent (docs/decisions/0091).
+MAX_ACCESS_POINT_ADDRESSES = 16
+MAX_ACCESS_POINT_HOST_CHARS = 255
+
+
+def check_access_point(addresses: list[tuple[str, int]]) -> None:
+    """At most MAX_ACCESS_POINT_ADDRESSES addresses, each a host that is not blank, has at most
+    MAX_ACCESS_POINT_HOST_CHARS storable characters, and a port 1..65535."""
+    if len(addresses) > MAX_ACCESS_POINT_ADDRESSES:
+        raise LimitError(f"An access point has at most {MAX_ACCESS_POINT_ADDRESSES} addresses.")
+    for host, port in addresses:
+        if not host.strip() or len(host) > MAX_ACCESS_POINT_HOST_CHARS:
+            raise LimitError(f"A host has 1 to {MAX_ACCESS_POINT_HOST_CHARS} characters.")
+        check_text(host)
+        if not 1 <= port <= 65535:
+            raise LimitError("A port is 1..65535.")

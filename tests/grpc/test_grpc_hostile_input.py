@@ -52,6 +52,11 @@ HOSTILE: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
     ("a 128-character topic", {"topic": "t" * 128}, pb.ILLEGAL_TOPIC, {}),
     ("a delivery time 400 days ahead", {"system": {"delivery_timestamp": far_future()}},
      pb.ILLEGAL_DELIVERY_TIME, {}),
+    ("a message type of 999", {"system": {"message_type": 999}}, pb.BAD_REQUEST, {}),
+    ("a body encoding of 999", {"system": {"body_encoding": 999}}, pb.BAD_REQUEST,
+     {"system": {"body_encoding": pb.IDENTITY}}),
+    ("a PRIORITY message", {"system": {"message_type": pb.PRIORITY}}, pb.UNSUPPORTED, {}),
+    ("a LITE message", {"system": {"message_type": pb.LITE}}, pb.UNSUPPORTED, {}),
     ("a body of 4 MiB + 1", {"body": b"x" * (4 * MiB + 1)}, pb.MESSAGE_BODY_TOO_LARGE,
      {"body": b"x" * (4 * MiB)}),
 ]  # fmt: skip

@@ -31,6 +31,7 @@ from apps.broker.grpc.resources import (
     broker_of,
     consumed_topic_of,
     consumer_group_of,
+    route_topic,
     topic_of,
 )
 from apps.broker.services import consuming, dead_letters
@@ -50,7 +51,7 @@ class ConsumerRpcs:
         caller = await authenticate(context)
         _, topic = await db(consumed_topic_of, caller, request.group.name, request.topic.name)
         queue = pb.MessageQueue(
-            topic=pb.Resource(name=topic.name, resource_namespace=request.topic.resource_namespace),
+            topic=route_topic(topic, request.topic),
             id=-1,
             permission=pb.READ_WRITE,
             broker=broker_of(request.endpoints),

@@ -14,6 +14,7 @@ from apps.broker.grpc.auth import Caller
 from apps.broker.grpc.protocol import (
     Code,
     Refusal,
+    enum_name,
     limit_refusal,
     pb,
     refusal_of,
@@ -124,6 +125,12 @@ def checked_message(caller: Caller, group: str, message: Any, *, start: datetime
         raise Refusal(Code.UNSUPPORTED, "Priority messages are not supported.")
     if system.body_encoding == pb.GZIP:
         raise Refusal(Code.UNSUPPORTED, "Compressed (GZIP) bodies are not supported.")
+    # A value this protocol version does not name is refused, never read as the default
+    # (docs/decisions/0091).
+    enum_name(pb.Encoding, system.body_encoding, code=Code.BAD_REQUEST, what="body encoding")
+    kind = enum_name(pb.MessageType, system.message_type, code=Code.BAD_REQUEST, what="type")
+    if system.message_type in (pb.LITE, pb.PRIORITY):
+        raise Refusal(Code.UNSUPPORTED, f"{kind.capitalize()} messages are not supported.")
     outgoing = outgoing_of(group, message)
     msg_id = system.message_id
     try:

@@ -10,7 +10,7 @@ from apps.broker import access, limits, selectors
 from apps.broker.api import throttling
 from apps.broker.grpc.auth import Caller, caller_of, metadata_of
 from apps.broker.grpc.calls import db
-from apps.broker.grpc.protocol import Code, Refusal, pb, refusal_of
+from apps.broker.grpc.protocol import Code, Refusal, enum_name, pb, refusal_of
 from apps.broker.services.errors import BrokerError
 
 T = TypeVar("T")
@@ -95,8 +95,31 @@ BROKER_NAME = "txhub"
 
 def broker_of(endpoints: Any) -> Any:
     """txhub as one broker: the access point the client dialled (every gRPC process serves every
-    queue), or the configured one if the client named none."""
+    queue), or the configured one if the client named none. The client's is echoed for every
+    queue of a route, so it is checked first: a known scheme and limits.check_access_point, else
+    ILLEGAL_ACCESS_POINT (docs/decisions/0091)."""
     if not endpoints.addresses:
         address = pb.Address(host=settings.TXHUB_GRPC_HOST, port=settings.TXHUB_GRPC_PORT)
         endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[address])
+    enum_name(
+        pb.AddressScheme, endpoints.scheme, code=Code.ILLEGAL_ACCESS_POINT, what="address scheme"
+    )
+    try:
+        limits.check_access_point([(each.host, each.port) for each in endpoints.addresses])
+    except limits.LimitError as error:
+        raise Refusal(Code.ILLEGAL_ACCESS_POINT, str(error)) from None
     return pb.Broker(name=BROKER_NAME, id=0, endpoints=endpoints)
+
+
+def route_topic(topic: Any, resource: Any) -> Any:
+    """A topic as a route names it: with the namespace the client asked in, echoed as RocketMQ's
+    proxy echoes it (txhub has no namespaces and keeps none). Empty, or a name as a topic's
+    (the proxy checks the namespaced name as a topic): else ILLEGAL_TOPIC, never a text of any
+    length copied into every queue of the answer (docs/decisions/0091)."""
+    namespace = resource.resource_namespace
+    if namespace:
+        try:
+            limits.check_name(namespace, what="A namespace")
+        except limits.LimitError as error:
+            raise Refusal(Code.ILLEGAL_TOPIC, str(error)) from None
+    return pb.Resource(name=topic.name, resource_namespace=namespace)

@@ -27,6 +27,7 @@ from apps.broker.grpc.resources import (
     authenticate,
     broker_of,
     consumer_group_of,
+    route_topic,
     topic_of,
 )
 from apps.broker.grpc.unsupported import UnsupportedRpcs
@@ -77,11 +78,10 @@ class MessagingService(
         await db(caller.principal.require_topic, request.topic.name)
         topic = await db(topic_of, request.topic.name)
         broker = broker_of(request.endpoints)
+        named = route_topic(topic, request.topic)
         queues = [
             pb.MessageQueue(
-                topic=pb.Resource(
-                    name=topic.name, resource_namespace=request.topic.resource_namespace
-                ),
+                topic=named,
                 id=queue_id,
                 permission=pb.READ_WRITE,
                 broker=broker,

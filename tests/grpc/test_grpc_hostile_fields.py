@@ -1,9 +1,9 @@
 """Hostile input at the gRPC door by class, generated from the protocol's own descriptors: for
 every unary and server-streaming RPC txhub serves, every field of its request (nested ones
 too) gets a hostile value of its kind: a string with a NUL, one of 70,000 characters, an enum
-value the protocol does not name. The answer is the protocol's status (never a bare gRPC error,
-never INTERNAL_ERROR), a refusal stores nothing, and a field txhub reads refuses the value.
-Fields txhub never reads are listed with why. docs/decisions/0091."""
+value the protocol does not name, a message left out. The answer is the protocol's status
+(never a bare gRPC error, never INTERNAL_ERROR), a refusal stores nothing, and a field txhub
+reads refuses the value. Fields txhub never reads are listed with why. docs/decisions/0091."""
 
 import time
 from collections.abc import Callable, Iterator
@@ -77,8 +77,11 @@ NOT_READ_PATHS = {
     "ReceiveMessage": {"message_queue.id", "message_queue.permission",
                        "message_queue.broker", "message_queue.accept_message_types",
                        "auto_renew", "attempt_id"},
-    "Heartbeat": {"group"},
 }  # fmt: skip
+# Messages whose absence means a default: the access point the server is configured with, an
+# immediate delivery, the default invisible time, no long poll, every tag.
+OPTIONAL = {"endpoints", "delivery_timestamp", "invisible_duration", "long_polling_timeout",
+            "filter_expression"}  # fmt: skip
 # Namespaces echoed in an answer, which are read (decision 0091).
 READ_NAMESPACES = {"QueryRoute": "topic", "QueryAssignment": "topic"}
 
@@ -116,6 +119,8 @@ def hostile_values(field: FieldDescriptor) -> Iterator[tuple[str, Change]]:
         yield "70000 characters", set_to("x" * 70000)
     elif field.type == FieldDescriptor.TYPE_ENUM:
         yield "an unnamed enum value", set_to(999)
+    elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        yield "missing", lambda message: message.ClearField(field.name)
 
 
 def read(rpc_name: str, path: tuple[FieldDescriptor, ...]) -> bool:
@@ -123,6 +128,8 @@ def read(rpc_name: str, path: tuple[FieldDescriptor, ...]) -> bool:
     if dotted in NOT_READ_PATHS.get(rpc_name, set()) or any(
         dotted.startswith(p + ".") for p in NOT_READ_PATHS.get(rpc_name, set())
     ):
+        return False
+    if path[-1].name in OPTIONAL:
         return False
     if path[-1].name == "resource_namespace":
         return READ_NAMESPACES.get(rpc_name) == dotted.rsplit(".", 1)[0]

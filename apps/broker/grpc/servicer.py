@@ -37,15 +37,17 @@ from apps.broker.services.transactions import Actor
 
 
 def _heartbeat(caller: Caller, request: Any) -> Any:
-    group = ""
-    if request.client_type == pb.PRODUCER:
-        group = caller.principal.only_group("produce")
-    elif request.HasField("group") and request.group.name:
-        group = request.group.name
-        consumer_group_of(caller, group)
     client_type = enum_name(
         pb.ClientType, request.client_type, code=Code.UNRECOGNIZED_CLIENT_TYPE, what="client type"
     )
+    group = ""
+    if request.client_type == pb.PRODUCER:
+        group = caller.principal.only_group("produce")
+    elif client_type.endswith("CONSUMER"):
+        # A consumer names its group, as RocketMQ's proxy requires: none is
+        # ILLEGAL_CONSUMER_GROUP, never a consumer of no group (docs/decisions/0091).
+        group = request.group.name
+        consumer_group_of(caller, group)
     try:
         clients.client_seen(
             client_id=caller.client_id,

@@ -12,9 +12,10 @@ import pytest
 from celery import Celery as CeleryApp
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError
+from playwright.sync_api import Browser, Page, sync_playwright
 from redis.exceptions import RedisError
 
-from tests.conftest import BIN, ROOT, db_url_for_tests
+from tests.conftest import BIN, ROOT, Server, db_url_for_tests
 from tests.support import workers
 from tests.support.ports import free_port
 
@@ -287,3 +288,31 @@ def private_cluster() -> Iterator[Any]:
     finally:
         cluster.stop()
         cluster.cleanup()
+
+
+CHROMIUM = os.environ.get("TXHUB_CHROMIUM", "/usr/bin/chromium")
+# Needed as root in a container; background networking would try to reach Google's hosts.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's headless Chromium, driven by Playwright, for the console's browser tests."""
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
+    # between browser steps are still synchronous, which Django must be told is fine here.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        yield chromium
+        chromium.close()
+    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+
+
+@pytest.fixture
+def page(browser: Browser, server: Server) -> Iterator[Page]:
+    context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    yield opened
+    context.close()

@@ -4,7 +4,6 @@ resume a parked one; the overview's charts render. Screenshots of the main pages
 var/screenshots/ (or docs/screenshots/ when TXHUB_SCREENSHOTS=docs, to refresh the README's)."""
 
 import os
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from apps.broker.models import HalfMessage, OpRecord, Resolver, TransactionState
 from apps.broker.services import registry, transactions
@@ -22,33 +21,8 @@ from tests.conftest import ROOT, Server
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = os.environ.get("TXHUB_CHROMIUM", "/usr/bin/chromium")
-# Needed as root in a container; background networking would try to reach Google's hosts.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SHOTS = ROOT / ("docs" if os.environ.get("TXHUB_SCREENSHOTS") == "docs" else "var") / "screenshots"
 PRODUCER = Actor(Resolver.PRODUCER, "shop-service")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
-    # between browser steps are still synchronous, which Django must be told is fine here.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        yield chromium
-        chromium.close()
-    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
-
-
-@pytest.fixture
-def page(browser: Browser, server: Server) -> Iterator[Page]:
-    context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
 
 
 def operator_login(page: Page) -> None:

@@ -120,7 +120,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.console.content_security.SecurityHeadersMiddleware",  # X-Frame-Options, CSP (0092)
     "apps.console.unavailable.DatabaseUnavailableMiddleware",  # a banner, not a 500, if no DB
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks: a lockout's 429
 ]

@@ -1,0 +1,36 @@
+"""The Content-Security-Policy of the console's and the admin's pages (docs/decisions/0092).
+
+Tenants' strings are escaped where a page shows them; the policy is the second wall: should one
+ever reach a page as markup, no inline script, event handler or `javascript:` URL in it runs, no
+plugin loads, no <base> redirects the page's links, no form posts to another site, and no other
+site frames the page (what X-Frame-Options DENY says to older browsers). Inline styles stay
+allowed: the console's stylesheet is inline on purpose (no CDN) and a style cannot run script."""
+
+from django.http import HttpRequest, HttpResponse
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+
+POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+# The pages the policy covers; the API answers JSON and its Swagger UI is drf-spectacular's.
+COVERED_PREFIXES = ("/console/", "/admin/")
+
+
+class SecurityHeadersMiddleware(XFrameOptionsMiddleware):
+    """Django's X-Frame-Options (DENY) on every response, as before, and the policy on the
+    console's and the admin's pages."""
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        response = super().process_response(request, response)
+        if request.path.startswith(COVERED_PREFIXES):
+            response.headers.setdefault("Content-Security-Policy", POLICY)
+        return response

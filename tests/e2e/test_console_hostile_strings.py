@@ -25,6 +25,12 @@ BREAKOUT = '"\'><img id=pwn src=x onerror="window.__pwned=1"><script>window.__pw
 IN_JS = "');window.__pwned=3;//\\u0027</script><b id=pwn>"
 SHORT = '"><b id=pwn>'  # fits a client's language (32 characters)
 LONG = "A" * 3000  # no space to break at
+# A name reordered by a right-to-left override (it reads "invoiceexe.pdf") and one made to look
+# like another by a zero-width space.
+SPOOFS = ("invoice\u202efdp.exe", "order\u200b-9527")
+INVISIBLE = frozenset(
+    map(chr, [0x061C, *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+) | {"\ufeff"}
 # Secure-CSP parts every console and admin page must carry (docs/decisions/0092).
 POLICY_PARTS = (
     "script-src 'self'",
@@ -40,6 +46,7 @@ def seed() -> dict[str, Any]:
     registry.consumer_group_create(name="billing", max_delivery_attempts=3, consume_from="LATEST")
     token, _ = registry.token_create(name=BREAKOUT, scopes=["produce:shop"])
     registry.token_create(name=IN_JS, scopes=["produce:shop"])
+    registry.token_create(name=SPOOFS[0], scopes=["produce:shop"])
 
     def prepare(body: bytes, *, binary: bool = False, **fields: Any) -> HalfMessage:
         message = OutgoingMessage(producer_group="shop", body=body, body_is_binary=binary, **fields)
@@ -50,8 +57,8 @@ def seed() -> dict[str, Any]:
     hostile = prepare(
         BREAKOUT.encode(),
         tags=IN_JS,
-        keys=[BREAKOUT, IN_JS],
-        properties={BREAKOUT: IN_JS, "x": BREAKOUT},
+        keys=[BREAKOUT, IN_JS, *SPOOFS],
+        properties={BREAKOUT: IN_JS, "x": BREAKOUT, SPOOFS[1]: SPOOFS[0]},
         message_group=IN_JS[:100],
     )
     transactions.transaction_park(
@@ -67,6 +74,13 @@ def seed() -> dict[str, Any]:
         language=SHORT,
         version=IN_JS,
         hostname=BREAKOUT,
+    )
+    clients.client_seen(
+        client_id=SPOOFS[0],
+        token_id=token.id,
+        client_type="PRODUCER",
+        group="shop",
+        hostname=SPOOFS[1],
     )
     return {"halves": [hostile, binary, long], "token": token}
 
@@ -218,3 +232,21 @@ def test_a_long_unbroken_string_does_not_widen_a_console_page(page: Page) -> Non
         assert width <= 1280, (path, width)
     page.goto(f"/console/transactions/{seeded['halves'][2].transaction_id}/")
     expect(page.locator("#body")).to_contain_text(LONG)
+
+
+def test_invisible_characters_in_tenant_strings_are_named_on_console_pages(page: Page) -> None:
+    seeded = seed()
+    superuser_login(page)
+    hostile = seeded["halves"][0].transaction_id
+    for path in (
+        "/console/tokens/",
+        "/console/producer-groups/",
+        "/console/transactions/",
+        f"/console/transactions/{hostile}/",
+    ):
+        page.goto(path)
+        text = page.evaluate("document.body.innerText")
+        hidden = sorted({f"U+{ord(char):04X}" for char in text if char in INVISIBLE})
+        assert hidden == [], (path, hidden)
+        assert "[U+202E]" in text or "[U+200B]" in text, path
+    expect(page.locator("table").first).to_contain_text("order[U+200B]-9527")

@@ -5,6 +5,8 @@ or widens the page; every page carries the Content-Security-Policy of docs/decis
 which an injected inline script would not run and no other site may frame the page."""
 
 import base64
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -15,6 +17,8 @@ from apps.broker.models import ApiToken, HalfMessage, Resolver
 from apps.broker.services import clients, registry, transactions
 from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor
+from tests.conftest import Server
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -250,3 +254,47 @@ def test_invisible_characters_in_tenant_strings_are_named_on_console_pages(page:
         assert hidden == [], (path, hidden)
         assert "[U+202E]" in text or "[U+200B]" in text, path
     expect(page.locator("table").first).to_contain_text("order[U+200B]-9527")
+
+
+class OtherSite:
+    """Another origin on this machine (a real server: a page Playwright makes up counts as a
+    public site, which Chromium's local network rule stops from framing 127.0.0.1 anyway)."""
+
+    def __init__(self, pages: dict[str, str]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = pages[self.path].encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.base = f"http://localhost:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def test_another_site_cannot_frame_a_console_or_admin_page(page: Page, server: Server) -> None:
+    paths = ("/console/login/", "/admin/login/")
+    frames = "".join(f'<iframe src="{server.base}{path}"></iframe>' for path in paths)
+    # Positive control: a page that allows framing is framed, and its title read.
+    frames += '<iframe src="/inner"></iframe>'
+    other = OtherSite({"/": frames, "/inner": "<title>framed</title>"})
+    try:
+        page.goto(other.base + "/")
+        page.wait_for_timeout(1000)
+        titles = [(frame.url, frame.evaluate("document.title")) for frame in page.frames[1:]]
+    finally:
+        other.close()
+    assert (f"{other.base}/inner", "framed") in titles, titles
+    assert len(titles) == 3, titles
+    for url, title in titles[:2]:
+        assert url.startswith("chrome-error:"), titles
+        assert "Log in" not in title, titles

@@ -256,10 +256,10 @@ def _commit_log_bytes() -> int:
     return int(counted)
 
 
-def _sweep(celery: Celery) -> None:
+def _run_task(celery: Celery, name: str) -> None:
     app = CeleryApp(broker=celery.env["CELERY_BROKER_URL"])
     try:
-        app.send_task("apps.broker.tasks.retention_sweep")
+        app.send_task(f"apps.broker.tasks.{name}")
     finally:
         app.close()
 
@@ -281,7 +281,7 @@ def test_a_retention_deletion_killed_before_its_commit_keeps_rows_and_their_coun
         holder.execute(
             "SELECT 1 FROM broker_storedbytes WHERE producer_group = 'crash-shop' FOR UPDATE"
         )
-        _sweep(celery)
+        _run_task(celery, "retention_sweep")
         waiting = killed_mid_write.backend_waiting_for(holder)
         celery.kill_worker(worker)
         holder.rollback()
@@ -291,12 +291,54 @@ def test_a_retention_deletion_killed_before_its_commit_keeps_rows_and_their_coun
 
     celery.start_worker()
     celery.wait_ready()
-    _sweep(celery)
+    _run_task(celery, "retention_sweep")
     deadline = time.monotonic() + killed_mid_write.SECONDS
     while rows("SELECT msg_id FROM broker_commitlogentry") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rows("SELECT msg_id FROM broker_commitlogentry") == []
     assert _commit_log_bytes() == 0  # taken off once, whole
+
+
+_COUNTS_SQL = (
+    "SELECT s.stored_table, s.counted, s.recent, m.counted_to, m.seen_to FROM broker_storedbytes s "
+    "JOIN broker_storagemeasure m USING (stored_table) WHERE s.producer_group = 'crash-shop' "
+    "ORDER BY 1"
+)
+
+
+def test_a_storage_measure_killed_before_its_commit_counts_nothing_twice(
+    web: Web, hub: Callable[..., str], start_celery: Callable[..., Celery]
+) -> None:
+    token = hub()
+    for i in range(3):
+        _send(web, token, body=f"counted {i}")
+    storage_usage.storage_measure()  # the rows are recent: counted for good by the next measure
+    before = rows(_COUNTS_SQL)
+    celery = start_celery(workers=1, beat=False)
+    [worker, _callbacks] = celery.workers
+    with own_connection(autocommit=False) as holder:
+        # The measure's statement that counts the rows for good waits for this.
+        holder.execute(
+            "SELECT 1 FROM broker_storedbytes WHERE producer_group = 'crash-shop' FOR UPDATE"
+        )
+        _run_task(celery, "storage_measure")
+        waiting = killed_mid_write.backend_waiting_for(holder)
+        celery.kill_worker(worker)
+        holder.rollback()
+        killed_mid_write.wait_gone(waiting)
+    assert rows(_COUNTS_SQL) == before
+
+    celery.start_worker()
+    celery.wait_ready()
+    _run_task(celery, "storage_measure")
+    [(size,)] = rows(
+        f"SELECT sum({storage_usage.SIZE_SQL.format(t='e')}) FROM broker_commitlogentry e"  # noqa: S608
+    )
+    deadline = time.monotonic() + killed_mid_write.SECONDS
+    while rows(_COUNTS_SQL) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [(table, counted, recent, _, _)] = rows(_COUNTS_SQL)
+    assert (table, counted, recent) == ("broker_commitlogentry", size, 0)
 
 
 # The test's own wait in the INSERT of a PARK op: for the advisory lock PARK_STEP (a row trigger;

@@ -29,6 +29,7 @@ from tests.support import killed_mid_write
 from tests.support.killed_mid_write import execute, rows
 from tests.support.ports import free_port
 from tests.support.statement_faults import own_connection
+from tests.support.storage import counted_for_good
 
 pytestmark = [pytest.mark.e2e, pytest.mark.destructive]
 
@@ -130,9 +131,8 @@ def test_a_recall_killed_before_its_commit_leaves_the_message_waiting(
     token = hub()
     kept = _send(web, token, delay_level=10, body="kept")
     recalled = _send(web, token, delay_level=10, body="recalled, once")
-    # Measured twice: both rows counted for good, each deletion takes its bytes off (0085).
-    storage_usage.storage_measure()
-    storage_usage.storage_measure()
+    # Both rows counted for good: each deletion takes its bytes off (0085, 0095).
+    counted_for_good()
     before = _delayed_bytes()
     assert before > 0
     with own_connection(autocommit=False) as holder:
@@ -269,8 +269,7 @@ def test_a_retention_deletion_killed_before_its_commit_keeps_rows_and_their_coun
 ) -> None:
     token = hub()
     sent = {_send(web, token, body=f"old {i}") for i in range(3)}
-    storage_usage.storage_measure()
-    storage_usage.storage_measure()
+    counted_for_good()
     before = _commit_log_bytes()
     assert before > 0
     celery = start_celery(workers=1, beat=False, TXHUB_RETENTION="1")
@@ -312,7 +311,9 @@ def test_a_storage_measure_killed_before_its_commit_counts_nothing_twice(
     token = hub()
     for i in range(3):
         _send(web, token, body=f"counted {i}")
-    storage_usage.storage_measure()  # the rows are recent: counted for good by the next measure
+    # Two measures: the rows are seen, and counted for good by the next measure (0095).
+    storage_usage.storage_measure()
+    storage_usage.storage_measure()
     before = rows(_COUNTS_SQL)
     celery = start_celery(workers=1, beat=False)
     [worker, _callbacks] = celery.workers

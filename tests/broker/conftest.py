@@ -1,19 +1,18 @@
 """Fixtures of the broker's in-process tests."""
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.slow_dns import DEADLINE, SlowDns
+from tests.support.slow_dns import SlowDns, require_namespaces
 
 
 @pytest.fixture
-def slow_dns(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
-    """slow_dns(seconds, address): with TXHUB_CHECK_HTTP_TIMEOUT at DEADLINE, from now on every
-    check URL lookup waits `seconds`, then answers the real lookup of `address` (127.0.0.1 by
-    default). Lookups still waiting end with the test, before the next one starts."""
-    settings.TXHUB_CHECK_HTTP_TIMEOUT = DEADLINE
-    dns = SlowDns(monkeypatch)
-    yield dns.arm
-    dns.release()
+def slow_dns(transactional_db: None, tmp_path: Path) -> Iterator[SlowDns]:
+    """The test's own DNS server (tests/support/slow_dns.py), whose probes run txhub's code in a
+    process that asks it every lookup; TXHUB_CHECK_HTTP_TIMEOUT there is DEADLINE."""
+    require_namespaces()
+    dns = SlowDns(tmp_path)
+    yield dns
+    dns.close()

@@ -14,6 +14,8 @@ from apps.broker.services import callbacks, checkback, registry
 from apps.broker.services.errors import CallbackRefused
 from tests.hostile import FIFTY_MB, HostileEndpoint
 from tests.support.console import login
+from tests.support.responses import expect
+from tests.support.slow_dns import Answer, SlowDns
 from tests.support.transactions import make_due, make_group, prepare
 
 TIMEOUT = 1.0
@@ -141,27 +143,33 @@ def test_an_http_check_url_is_refused_at_call_time_once_disallowed(
 # DNS rebinding ---------------------------------------------------------------------------------
 
 
-def test_the_call_connects_to_the_address_it_checked(
-    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def register_at_dns(dns: SlowDns, url: str) -> Any:
+    """The group "shop" registered with `url` through REST, in a process whose lookups ask the
+    test's DNS server (tests/support/slow_dns.py)."""
+    _, token = registry.token_create(name="admin-test", scopes=["admin"])
+    step = {"method": "post", "path": "/api/v1/producer-groups"}
+    asked = dns.run(
+        "requests", steps=[{**step, "data": {"name": "shop", "check_url": url}}], token=token
+    )
+    [created] = [Answer(answer) for answer in asked["answers"]]
+    expect(created, 201)
+    return ProducerGroup.objects.get(name="shop")
+
+
+def test_the_call_connects_to_the_address_it_checked(checker: Any, slow_dns: SlowDns) -> None:
     """`rebind.invalid` does not resolve in real DNS: the call can only reach the checker if it
-    connects to the address our resolver answered (and checked), never to a second lookup; the
+    connects to the address the lookup answered (and was checked), never to a second lookup; the
     Host header still names the host."""
     checker.answer("COMMIT")
     port = checker.url.split(":")[2].split("/")[0]
-    lookups: list[str] = []
-
-    def resolver(host: str, port: int) -> list[str]:
-        lookups.append(host)
-        return ["127.0.0.1"]
-
-    monkeypatch.setattr(callbacks, "resolve", resolver)
+    slow_dns.arm(0.0, "127.0.0.1")
     url = f"http://rebind.invalid:{port}/check"
-    group, topic = make_group(url), registry.topic_create(name="orders", queues=1)
-    lookups.clear()
-    outcome = callbacks.call_check_url(fetch(prepare(group, topic)))
-    assert (outcome.answer, outcome.error) == ("COMMIT", "")
-    assert lookups == ["rebind.invalid"]  # one lookup per call
+    group, topic = register_at_dns(slow_dns, url), registry.topic_create(name="orders", queues=1)
+    half = prepare(group, topic)
+    slow_dns.asked.clear()
+    [outcome] = slow_dns.run("calls", half_id=half.pk, count=1)["outcomes"]
+    assert (outcome["answer"], outcome["error"]) == ("COMMIT", "")
+    assert slow_dns.asked == ["rebind.invalid"]  # one lookup per call
     assert checker.requests[-1]["headers"]["host"] == f"rebind.invalid:{port}"
 
 
@@ -182,19 +190,17 @@ def test_https_keeps_the_host_name_for_sni_and_the_certificate(
 
 @pytest.mark.parametrize("second", ["169.254.169.254", "10.1.2.3"])
 def test_a_host_that_rebinds_to_an_internal_address_is_refused(
-    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch, second: str
+    checker: Any, slow_dns: SlowDns, second: str
 ) -> None:
     checker.answer("COMMIT")
     port = checker.url.split(":")[2].split("/")[0]
-    answers = iter([["127.0.0.1"], [second]])
-    monkeypatch.setattr(callbacks, "resolve", lambda host, port: next(answers))
-    group, topic = (
-        make_group(f"http://rebind.invalid:{port}/check"),
-        registry.topic_create(name="orders", queues=1),
-    )  # registered while it resolved to an allowed address
-    outcome = callbacks.call_check_url(fetch(prepare(group, topic)))
-    assert (outcome.answer, outcome.reached) == ("UNKNOWN", False)
-    assert second in outcome.error
+    slow_dns.arm(0.0, "127.0.0.1")  # registered while it resolved to an allowed address
+    group = register_at_dns(slow_dns, f"http://rebind.invalid:{port}/check")
+    half = prepare(group, registry.topic_create(name="orders", queues=1))
+    slow_dns.arm(0.0, second)
+    [outcome] = slow_dns.run("calls", half_id=half.pk, count=1)["outcomes"]
+    assert (outcome["answer"], outcome["reached"]) == ("UNKNOWN", False)
+    assert second in outcome["error"]
     assert checker.requests == []
 
 

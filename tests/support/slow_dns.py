@@ -64,6 +64,21 @@ def slow_group(url: str, name: str = "shop") -> Any:
     return group
 
 
+def _name_in(query: bytes) -> str:
+    labels, at = [], 12
+    while query[at] != 0:
+        labels.append(query[at + 1 : at + 1 + query[at]].decode(errors="replace"))
+        at += query[at] + 1
+    return ".".join(labels)
+
+
+def _asks_for_a(query: bytes) -> bool:
+    at = 12
+    while query[at] != 0:
+        at += query[at] + 1
+    return bool(struct.unpack("!H", query[at + 1 : at + 3])[0] == 1)
+
+
 def _answer(query: bytes, address: str) -> bytes:
     """The answer to `query`: its A record `address`, no record for any other type."""
     (query_id, flags) = struct.unpack("!HH", query[:4])
@@ -90,6 +105,7 @@ class SlowDns:
         self.delay: float | None = 0.0
         self.address = "127.0.0.1"
         self.queries = 0
+        self.asked: list[str] = []  # the name of each A query, in order
         self._lock = threading.Lock()
         self._held: list[Callable[[], None]] = []
         self._closed = threading.Event()
@@ -133,6 +149,8 @@ class SlowDns:
         came = time.monotonic()
         with self._lock:
             self.queries += 1
+            if _asks_for_a(query):
+                self.asked.append(_name_in(query))
             delay, address = self.delay, self.address
 
         def send() -> None:

@@ -2,6 +2,7 @@
 caps the answer, refuses plain http:// unless allowed, and connects only to the address it
 checked (DNS rebinding). Real little HTTP servers play the producers (tests/hostile.py)."""
 
+import ipaddress
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,6 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage, OpRecord, ProducerGroup
 from apps.broker.services import callbacks, checkback, registry
-from apps.broker.services.errors import CallbackRefused
 from tests.hostile import FIFTY_MB, HostileEndpoint
 from tests.support.console import login
 from tests.support.responses import expect
@@ -179,7 +179,6 @@ def test_https_keeps_the_host_name_for_sni_and_the_certificate(
     """Pinned to the checked address, an https call still verifies the certificate against the
     URL's host: a server whose certificate does not name it fails the TLS check (here a plain
     listener: the handshake fails), never answers a decision."""
-    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["127.0.0.1"])
     sockets: list[Any] = []
     adapter = callbacks._pinned_adapter("127.0.0.1", sockets)
     pool = adapter.poolmanager.connection_from_url("https://producer.example:9/check")
@@ -204,12 +203,10 @@ def test_a_host_that_rebinds_to_an_internal_address_is_refused(
     assert checker.requests == []
 
 
-def test_every_address_of_an_answer_is_checked(
-    db: None, checker: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["127.0.0.1", "169.254.169.254"])
-    with pytest.raises(CallbackRefused, match="169.254.169.254"):
-        callbacks.callback_url_check("http://rebind.invalid/check")
+def test_every_address_of_an_answer_is_checked(slow_dns: SlowDns) -> None:
+    slow_dns.arm(0.0, "127.0.0.1", "169.254.169.254")
+    checked = slow_dns.run("url_check", url="http://rebind.invalid/check")
+    assert "169.254.169.254" in checked["refused"]
 
 
 @pytest.mark.parametrize(
@@ -225,20 +222,22 @@ def test_every_address_of_an_answer_is_checked(
         "::a9fe:a9fe",  # IPv4-compatible
     ],
 )
-def test_ipv6_forms_that_embed_ipv4_are_refused(
-    db: None, monkeypatch: pytest.MonkeyPatch, address: str
-) -> None:
-    monkeypatch.setattr(callbacks, "resolve", lambda host, port: [address])
-    with pytest.raises(CallbackRefused):
-        callbacks.callback_url_check("https://producer.example/check")
+def test_ipv6_forms_that_embed_ipv4_are_refused(slow_dns: SlowDns, address: str) -> None:
+    slow_dns.arm(0.0, address)
+    checked = slow_dns.run("url_check", url="https://producer.invalid/check")
+    # Refused for the address the test's DNS server answered, not as a name that does not resolve
+    assert f"resolves to {ipaddress.ip_address(address)}," in checked.get("refused", ""), checked
+    assert slow_dns.asked == ["producer.invalid"]  # the answer came from the test's DNS server
 
 
-def test_an_allowlisted_translated_network_is_allowed(
-    db: None, monkeypatch: pytest.MonkeyPatch, settings: Any
-) -> None:
-    settings.TXHUB_CALLBACK_ALLOWED_HOSTS = ["64:ff9b::/96"]
-    monkeypatch.setattr(callbacks, "resolve", lambda host, port: ["64:ff9b::a00:1"])
-    assert callbacks.callback_url_check("https://producer.example/check") == ["64:ff9b::a00:1"]
+def test_an_allowlisted_translated_network_is_allowed(slow_dns: SlowDns) -> None:
+    slow_dns.arm(0.0, "64:ff9b::a00:1")
+    checked = slow_dns.run(
+        "url_check",
+        {"TXHUB_CALLBACK_ALLOWED_HOSTS": "64:ff9b::/96"},
+        url="https://producer.invalid/check",
+    )
+    assert checked == {"addresses": ["64:ff9b::a00:1"]}
 
 
 def test_a_worker_warns_when_one_group_can_fill_the_callback_workers(

@@ -79,31 +79,36 @@ def _asks_for_a(query: bytes) -> bool:
     return bool(struct.unpack("!H", query[at + 1 : at + 3])[0] == 1)
 
 
-def _answer(query: bytes, address: str) -> bytes:
-    """The answer to `query`: its A record `address`, no record for any other type."""
+def _answer(query: bytes, addresses: list[str]) -> bytes:
+    """The answer to `query`: the IPv4 `addresses` to an A query, the IPv6 ones to an AAAA
+    query, no record to any other."""
     (query_id, flags) = struct.unpack("!HH", query[:4])
     end = 12
     while query[end] != 0:
         end += query[end] + 1
     question = query[12 : end + 5]
     (query_type,) = struct.unpack("!H", query[end + 1 : end + 3])
-    records = b""
-    if query_type == 1:
-        records = struct.pack("!HHHIH", 0xC00C, 1, 1, 0, 4) + socket.inet_aton(address)
-    header = struct.pack(
-        "!HHHHHH", query_id, 0x8180 | (flags & 0x0100), 1, 1 if records else 0, 0, 0
-    )
-    return header + question + records
+    family = {1: socket.AF_INET, 28: socket.AF_INET6}.get(query_type)
+    records = [
+        struct.pack("!HHHIH", 0xC00C, query_type, 1, 0, len(data)) + data
+        for data in (
+            socket.inet_pton(family, address)
+            for address in addresses
+            if family is not None and (":" in address) == (family == socket.AF_INET6)
+        )
+    ]
+    header = struct.pack("!HHHHHH", query_id, 0x8180 | (flags & 0x0100), 1, len(records), 0, 0)
+    return header + question + b"".join(records)
 
 
 class SlowDns:
-    """The test's DNS server. arm(seconds, address): every query from now on is answered
-    `seconds` after it came (NEVER: not at all), with `address`; release(): every query still
+    """The test's DNS server. arm(seconds, *addresses): every query from now on is answered
+    `seconds` after it came (NEVER: not at all), with `addresses`; release(): every query still
     waiting is answered now, and so is every later one."""
 
     def __init__(self, tmp: Path) -> None:
         self.delay: float | None = 0.0
-        self.address = "127.0.0.1"
+        self.addresses = ["127.0.0.1"]
         self.queries = 0
         self.asked: list[str] = []  # the name of each A query, in order
         self._lock = threading.Lock()
@@ -134,9 +139,11 @@ class SlowDns:
             return host
         raise AssertionError("no 127.0.53.x address has port 53 free")
 
-    def arm(self, seconds: float | None, address: str = "127.0.0.1") -> None:
+    def arm(self, seconds: float | None, *addresses: str) -> None:
+        """Answers from now on: `addresses` (127.0.0.1 if none), after `seconds` (NEVER: not
+        until release())."""
         with self._lock:
-            self.delay, self.address = seconds, address
+            self.delay, self.addresses = seconds, list(addresses or ["127.0.0.1"])
 
     def release(self) -> None:
         with self._lock:
@@ -151,11 +158,11 @@ class SlowDns:
             self.queries += 1
             if _asks_for_a(query):
                 self.asked.append(_name_in(query))
-            delay, address = self.delay, self.address
+            delay, addresses = self.delay, self.addresses
 
         def send() -> None:
             with contextlib.suppress(OSError):  # the asker gave up, or the server is closed
-                send_answer(_answer(query, address))
+                send_answer(_answer(query, addresses))
 
         if delay is None:
             with self._lock:

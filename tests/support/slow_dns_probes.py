@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from apps.broker.models import HalfMessage
 from apps.broker.services import callbacks, checkback
+from apps.broker.services.errors import CallbackRefused
 from tests.support.slow_dns import RESULT, WAITING
 from tests.support.statement_faults import own_connection
 
@@ -41,6 +42,14 @@ def _call(half_id: int) -> dict[str, Any]:
         "error": outcome.error,
         "took": took,
     }
+
+
+def url_check(url: str) -> dict[str, Any]:
+    """callback_url_check(url): the addresses it allowed, or the message it refused with."""
+    try:
+        return {"addresses": callbacks.callback_url_check(url)}
+    except CallbackRefused as refused:
+        return {"refused": str(refused)}
 
 
 def _pause() -> None:
@@ -162,6 +171,7 @@ def watched_requests(steps: list[dict[str, Any]], token: str) -> list[dict[str, 
 
 PROBES: dict[str, Callable[..., Any]] = {
     "calls": calls,
+    "url_check": url_check,
     "check": check,
     "requests": requests,
     "watched_requests": watched_requests,

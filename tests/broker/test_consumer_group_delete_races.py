@@ -23,6 +23,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BOUND = 10  # seconds a step may take (a bound, not a measurement)
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["no-flush", "synchronous"])
+def receive_commit(request: pytest.FixtureRequest, settings: Any) -> None:
+    """Both statements a receive may hold its group with (group_locks.py): the single node's,
+    which skips the WAL flush, and a replicated cluster's (TXHUB_RECEIVE_SYNCHRONOUS_COMMIT)."""
+    settings.TXHUB_RECEIVE_SYNCHRONOUS_COMMIT = request.param
+
+
 def setup() -> tuple[Topic, ConsumerGroup]:
     topic = registry.topic_create(name="orders", queues=2)
     registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")

@@ -49,8 +49,7 @@ DEBUG = env_bool("TXHUB_DEBUG", False)
 # --- Secret key -------------------------------------------------------------------------------
 # Production sets TXHUB_SECRET_KEY. scripts/services.sh writes a random one to var/secret-key
 # (0600) for every process of a local checkout; `check --deploy` flags a key read from there
-# (txhub.W001). With neither, and TXHUB_DEBUG off, txhub refuses to start: the public default
-# would let anyone forge sessions.
+# (txhub.W001). With neither, and TXHUB_DEBUG off, txhub refuses to start (forged sessions).
 PUBLIC_DEVELOPMENT_SECRET_KEY = "txhub-local-development-only-not-a-secret"  # noqa: S105
 SECRET_KEY_FILE = Path(env_str("TXHUB_SECRET_KEY_FILE", str(BASE_DIR / "var" / "secret-key")))
 SECRET_KEY_SOURCE = "environment"  # noqa: S105 - where the key came from, not a key
@@ -120,7 +119,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "apps.console.content_security.SecurityHeadersMiddleware",  # X-Frame-Options, CSP (0092)
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.console.content_security.ContentSecurityPolicyMiddleware",  # decision 0092
     "apps.console.unavailable.DatabaseUnavailableMiddleware",  # a banner, not a 500, if no DB
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks: a lockout's 429
 ]

@@ -9,12 +9,18 @@ An action is `exit` (the process ends at once, like kill -9: no response, no cle
 `sleep(S)`, or `raise` (an exception, the request fails with a 500); an optional `P%` prefix
 fires it on that share of hits. Unset, every site is `if ARMED:` on a module constant that is
 False: nothing else runs on the hot path (docs/decisions/0015).
+
+A test arms a site in its own process with `armed_here(site, step)`: each hit runs the test's
+step there (another connection's commit inside the window, racers held until all came), through
+the same sites and the same `ARMED` test (docs/decisions/0098).
 """
 
 import os
 import random
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 SITES = frozenset(
@@ -59,7 +65,28 @@ def parse(spec: str) -> dict[str, Action]:
 
 
 _ARMED = parse(os.environ.get("TXHUB_FAILPOINTS", ""))
+# Steps armed in this process by `armed_here`, by site.
+_STEPS: dict[str, Callable[[], None]] = {}
 ARMED = bool(_ARMED)
+
+
+@contextmanager
+def armed_here(site: str, step: Callable[[], None]) -> Iterator[None]:
+    """Arms `site` in this process for the block: each hit runs `step` at the site, before any
+    action the environment armed there. For tests: it reaches no other process (a server or a
+    worker a test starts is armed by TXHUB_FAILPOINTS, decision 0015)."""
+    global ARMED
+    if site not in SITES:
+        raise ValueError(f"no failpoint site {site!r} (sites: {sorted(SITES)})")
+    if site in _STEPS:
+        raise ValueError(f"the failpoint {site!r} is armed here already")
+    _STEPS[site] = step
+    ARMED = True
+    try:
+        yield
+    finally:
+        del _STEPS[site]
+        ARMED = bool(_ARMED or _STEPS)
 
 
 def hit_after_commit(name: str) -> None:
@@ -73,6 +100,9 @@ def hit_after_commit(name: str) -> None:
 
 def hit(name: str) -> None:
     """Call as `if failpoints.ARMED: failpoints.hit("site")`."""
+    step = _STEPS.get(name)
+    if step is not None:
+        step()
     action = _ARMED.get(name)
     if action is None or random.random() >= action.probability:  # noqa: S311 - not crypto
         return

@@ -61,7 +61,7 @@ def commit_from_another_connection(half: HalfMessage) -> None:
 
 
 def test_a_commit_between_the_checks_read_and_its_lock_sends_no_check(
-    transactional_db: None, stream_process: Any, monkeypatch: pytest.MonkeyPatch
+    transactional_db: None, stream_process: Any
 ) -> None:
     group, topic = make_group(), registry.topic_create(name="orders", queues=1)
     token, _ = registry.token_create(name="rocketmq", scopes=[f"produce:{group.name}"])
@@ -72,18 +72,17 @@ def test_a_commit_between_the_checks_read_and_its_lock_sends_no_check(
     assert sorted(checkback.checkback_claim_due()) == sorted([resolved.pk, control.pk])
     errors: list[BaseException] = []
 
-    def hit(name: str) -> None:
+    def producer_commits() -> None:
         # The site between check-back's read of the half and its lock: the producer commits.
-        if name == "after_check_read_before_lock" and not errors:
+        if not errors:
             try:
                 commit_from_another_connection(resolved)
-            except BaseException as error:  # seen by the test below, not lost with the hook
+            except BaseException as error:  # seen by the test below, not lost with the step
                 errors.append(error)
                 raise
 
-    monkeypatch.setattr(failpoints, "ARMED", True)
-    monkeypatch.setattr(failpoints, "hit", hit)
-    outcome = checkback.checkback_run(half_id=resolved.pk)
+    with failpoints.armed_here("after_check_read_before_lock", producer_commits):
+        outcome = checkback.checkback_run(half_id=resolved.pk)
     assert errors == []
     resolved.refresh_from_db()
     assert resolved.state == "COMMITTED"
@@ -92,7 +91,6 @@ def test_a_commit_between_the_checks_read_and_its_lock_sends_no_check(
     assert resolved.checking_until is None
     assert not OpRecord.objects.filter(half=resolved, op="CHECK").exists()
     # The positive control: a transaction still PREPARED is sent to the process.
-    monkeypatch.setattr(failpoints, "ARMED", False)
     assert checkback.checkback_run(half_id=control.pk) == "unknown"
     assert published(stream_process) == [str(control.transaction_id)]
 

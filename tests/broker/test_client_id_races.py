@@ -6,7 +6,7 @@ answered as decision 0040 says, the winner's answer for its own group's retry, i
 another group, and what each stored is delivered."""
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
@@ -45,19 +45,18 @@ class Window:
         self.barrier = threading.Barrier(racers, timeout=20)
         self.passed: set[int] = set()
 
-    def hit(self, name: str) -> None:
-        if name != "after_msg_id_check" or threading.get_ident() in self.passed:
+    def wait(self) -> None:
+        if threading.get_ident() in self.passed:
             return
         self.passed.add(threading.get_ident())
         self.barrier.wait()  # a racer that never comes breaks it: the test fails, not passes
 
 
 @pytest.fixture
-def window(monkeypatch: pytest.MonkeyPatch) -> Window:
+def window() -> Iterator[Window]:
     held_open = Window()
-    monkeypatch.setattr(failpoints, "ARMED", True)
-    monkeypatch.setattr(failpoints, "hit", held_open.hit)
-    return held_open
+    with failpoints.armed_here("after_msg_id_check", held_open.wait):
+        yield held_open
 
 
 def race(window: Window, *works: Callable[[], Any]) -> list[Any]:

@@ -12,7 +12,6 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from apps.broker import config_cache
 from apps.broker.models import (
     AuditRecord,
     ConsumerGroup,
@@ -23,6 +22,7 @@ from apps.broker.models import (
 )
 from apps.broker.services import consuming, registry
 from apps.broker.services.sending import OutgoingMessage, message_send
+from tests.support.redis_outage import shared_cache_unreachable
 from tests.support.responses import assert_error
 
 FROM = "203.0.113.7"  # TEST-NET-3: the address the API client claims to come from
@@ -192,16 +192,16 @@ def test_a_refused_change_records_nothing(
 
 
 def test_a_change_rolled_back_takes_its_record_with_it(
-    api: APIClient, names: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    api: APIClient, names: dict[str, Any]
 ) -> None:
     token, _ = registry.token_create(name="kept", scopes=["admin"])
     AuditRecord.objects.all().delete()
-    monkeypatch.setattr(config_cache, "_new_epoch", lambda: False)  # Redis unreachable: 503
-    assert_error(api.delete(f"/api/v1/tokens/{token.pk}"), 503, "unavailable")
-    bind = {"topics": ["orders"]}
-    assert_error(
-        api.put("/api/v1/consumer-groups/billing/topics", bind, format="json"), 503, "unavailable"
-    )
+    # Redis is away: the web processes cannot be told of the change, so it is rolled back (503).
+    with shared_cache_unreachable():
+        assert_error(api.delete(f"/api/v1/tokens/{token.pk}"), 503, "unavailable")
+        bind = {"topics": ["orders"]}
+        path = "/api/v1/consumer-groups/billing/topics"
+        assert_error(api.put(path, bind, format="json"), 503, "unavailable")
     assert not AuditRecord.objects.exists()
 
 

@@ -1,12 +1,18 @@
 """A SendMessage batch is one database transaction (decision 0068): its messages take their
 queue rows in the order every appending transaction takes them, so two batches crossing the same
-queues in opposite orders queue up instead of deadlocking."""
+queues in opposite orders queue up instead of deadlocking.
 
-import contextlib
-import threading
+The interleaving that deadlocks when the batches lock in the order sent is made at the database:
+each insert into the commit log waits (a trigger of the test's own) for an advisory lock that a
+session of the test holds, so a batch that has taken its first queue's row stops there. The test
+lets the lock go once both batches wait, as pg_stat_activity shows (docs/decisions/0098)."""
+
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -14,6 +20,31 @@ from apps.broker.grpc import producers
 from apps.broker.grpc.protocol import pb
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry, sending
+from tests.support.killed_mid_write import SECONDS, execute
+from tests.support.statement_faults import own_connection
+
+# The advisory lock each insert into the commit log waits for while the test holds it.
+STEP = 0x7478_6839
+_WAIT_IN_APPEND_SQL = f"""
+CREATE FUNCTION batch_order_test_wait() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock_shared({STEP}); RETURN NEW; END $$;
+CREATE TRIGGER batch_order_test_wait BEFORE INSERT ON broker_commitlogentry
+    FOR EACH ROW EXECUTE FUNCTION batch_order_test_wait();
+"""
+
+
+@pytest.fixture
+def wait_in_commit_log_insert(transactional_db: None) -> Iterator[None]:
+    """A row trigger: it fires once the row's queue row is taken (the insert reads its offset
+    from the statement's update of that row), so the batch waits holding it."""
+    execute(_WAIT_IN_APPEND_SQL)
+    try:
+        yield
+    finally:
+        execute(
+            "DROP TRIGGER batch_order_test_wait ON broker_commitlogentry; "
+            "DROP FUNCTION batch_order_test_wait()"
+        )
 
 
 def message_id(queue: int, n: int) -> str:
@@ -21,9 +52,28 @@ def message_id(queue: int, n: int) -> str:
     return f"{n * 4 + queue:032X}"
 
 
-def test_two_batches_crossing_two_queues_both_store(
-    transactional_db: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def wait_until_both_wait(holder: psycopg.Connection) -> list[list[int]]:
+    """Until two sessions of the test database wait for a lock, one of them for `holder`'s:
+    the sessions each waits for. Locking in the order sent, both batches wait for `holder`, each
+    holding its first queue's row; in the order every appender takes, one waits for `holder`
+    and the other for that one's first queue row."""
+    with own_connection(autocommit=True) as watcher:
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            waits = [
+                row[0]
+                for row in watcher.execute(
+                    "SELECT pg_blocking_pids(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
+                ).fetchall()
+            ]
+            if len(waits) == 2 and any(holder.info.backend_pid in pids for pids in waits):
+                return waits
+            time.sleep(0.02)
+    raise AssertionError("the two batches never both waited")
+
+
+def test_two_batches_crossing_two_queues_both_store(wait_in_commit_log_insert: None) -> None:
     topic = registry.topic_create(name="orders", queues=4)
     group = registry.producer_group_create(name="shop")
 
@@ -36,35 +86,22 @@ def test_two_batches_crossing_two_queues_both_store(
         "A": [checked(message_id(1, 1)), checked(message_id(2, 2))],
         "B": [checked(message_id(2, 3)), checked(message_id(1, 4))],
     }
-    # Each batch holds its first queue's row, then waits for the other to hold one too (the
-    # interleaving that deadlocks when the batches lock in the order sent). A batch that waits
-    # for a row the other holds never comes: the barrier's timeout lets the holder go on.
-    barrier = threading.Barrier(2, timeout=3)
-    first_done: set[str] = set()
-    stored_one = producers.stored_one
-
-    def paced(caller: Any, producer_group: Any, item: producers.Checked) -> Any:
-        entry = stored_one(caller, producer_group, item)
-        name = threading.current_thread().name
-        if name not in first_done:
-            first_done.add(name)
-            # Broken: the other batch waits for this one's queue, as the order says it must.
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait()
-        return entry
-
-    monkeypatch.setattr(producers, "stored_one", paced)
 
     def send(name: str) -> list[Any]:
-        threading.current_thread().name = name
         try:
             return producers.stored(None, group, batches[name])  # type: ignore[arg-type]
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(send, name) for name in batches]
-        answers = [future.result(timeout=30) for future in futures]  # re-raises a deadlock
+    with own_connection(autocommit=False) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [STEP])
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(send, name) for name in batches]
+            try:
+                wait_until_both_wait(holder)
+            finally:
+                holder.rollback()  # the lock goes: each batch goes on to its second queue
+            answers = [future.result(timeout=30) for future in futures]  # re-raises a deadlock
     for answer, name in zip(answers, batches, strict=True):
         assert [entry.status.code for entry in answer] == [pb.OK, pb.OK]
         # Answered in the order sent, whatever order they were stored in.

@@ -32,6 +32,7 @@ SITES = frozenset(
         "after_ack_before_answer",
         "after_check_answer_before_write",
         "after_check_read_before_lock",
+        "before_check_send",
         "during_check_call",
     }
 )

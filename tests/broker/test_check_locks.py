@@ -15,6 +15,7 @@ import pytest
 import redis
 from django.db import transaction
 
+from apps.broker import failpoints
 from apps.broker.models import HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
 from apps.broker.services.transactions import Actor
@@ -74,23 +75,21 @@ def due_check_of_a_streaming_producer(process: str) -> HalfMessage:
     return half
 
 
-def meanwhile(
-    monkeypatch: pytest.MonkeyPatch, work: Callable[[HalfMessage], Any]
-) -> list[Future[Any]]:
-    """Runs `work` on a connection of its own as check-back sends its check, giving it a second
-    to finish (it waits for the half's lock if the check holds it), then sends the check."""
-    real_send = checkback_stream.checkback_send
+@contextlib.contextmanager
+def meanwhile(half: HalfMessage, work: Callable[[HalfMessage], Any]) -> Iterator[list[Future[Any]]]:
+    """Runs `work` on a connection of its own as check-back sends its check (the failpoint
+    `before_check_send`, armed in this process), giving it a second to finish (it waits for the
+    half's lock if the check holds it); the check is sent after."""
     started: list[Future[Any]] = []
 
-    def send(*, half: HalfMessage) -> Any:
+    def step() -> None:
         other = in_thread(lambda: work(half))
         started.append(other)
         with contextlib.suppress(TimeoutError):  # waiting for the half's row: as it should
             other.result(timeout=1)
-        return real_send(half=half)
 
-    monkeypatch.setattr(checkback_stream, "checkback_send", send)
-    return started
+    with failpoints.armed_here("before_check_send", step):
+        yield started
 
 
 def ops_of(half: HalfMessage) -> list[str]:
@@ -100,16 +99,16 @@ def ops_of(half: HalfMessage) -> list[str]:
 
 
 def test_a_commit_arriving_while_a_stream_check_is_sent_lands_after_the_checks_record(
-    stream_process: str, monkeypatch: pytest.MonkeyPatch
+    stream_process: str,
 ) -> None:
     half = due_check_of_a_streaming_producer(stream_process)
-    started = meanwhile(
-        monkeypatch,
+    with meanwhile(
+        half,
         lambda half: transactions.transaction_commit(
             transaction_id=half.transaction_id, actor=PRODUCER
         ),
-    )
-    outcome = checkback.checkback_run(half_id=half.pk)
+    ) as started:
+        outcome = checkback.checkback_run(half_id=half.pk)
     [commit] = started
     commit.result(timeout=30)  # its exception, if any, fails the test here
     # The check went out while the transaction was PREPARED, and the commit came after it.
@@ -118,11 +117,11 @@ def test_a_commit_arriving_while_a_stream_check_is_sent_lands_after_the_checks_r
 
 
 def test_an_answer_arriving_while_its_check_is_sent_is_check_backs_answer(
-    stream_process: str, monkeypatch: pytest.MonkeyPatch
+    stream_process: str,
 ) -> None:
     half = due_check_of_a_streaming_producer(stream_process)
-    started = meanwhile(
-        monkeypatch,
+    with meanwhile(
+        half,
         lambda half: checkback_stream.checkback_answer(
             transaction_id=half.transaction_id,
             answer="COMMIT",
@@ -130,8 +129,8 @@ def test_an_answer_arriving_while_its_check_is_sent_is_check_backs_answer(
             producer=Actor(Resolver.PRODUCER, CLIENT),
             producer_groups=None,
         ),
-    )
-    checkback.checkback_run(half_id=half.pk)
+    ) as started:
+        checkback.checkback_run(half_id=half.pk)
     [answer] = started
     assert answer.result(timeout=30) == "COMMIT"  # not "producer": the check's record was seen
     committed = HalfMessage.objects.get(pk=half.pk)

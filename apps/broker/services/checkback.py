@@ -237,6 +237,8 @@ def checkback_run(*, half_id: int) -> str:
         if half is None or half.state != State.PREPARED:
             HalfMessage.objects.filter(pk=half_id).update(checking_until=None)
             return "skipped"
+        if failpoints.ARMED:
+            failpoints.hit("before_check_send")
         sent_to = checkback_stream.checkback_send(half=half)
         if sent_to is not None:
             result = CheckResult("UNKNOWN", True, None, "", 0, "", via=sent_to)

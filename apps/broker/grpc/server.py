@@ -14,8 +14,7 @@ import grpc
 from django.conf import settings
 
 from apps.broker import wakeups
-from apps.broker.grpc import checks
-from apps.broker.grpc.protocol import rpc_grpc
+from apps.broker.grpc import checks, handlers
 from apps.broker.grpc.servicer import MessagingService
 
 log = logging.getLogger("txhub.grpc")
@@ -49,7 +48,8 @@ async def serve(*, host: str, port: int) -> None:
             ),
         ],
     )
-    rpc_grpc.add_MessagingServiceServicer_to_server(MessagingService(process=process), server)
+    # Every RPC's handler, answering request bytes that are not its message (decision 0097).
+    handlers.add_to_server(MessagingService(process=process), server)
     address = f"{host}:{port}"
     if settings.TXHUB_GRPC_TLS_CERT and settings.TXHUB_GRPC_TLS_KEY:
         credentials = grpc.ssl_server_credentials(

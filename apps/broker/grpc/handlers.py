@@ -1,0 +1,116 @@
+"""The MessagingService's handlers, built from the protocol's service descriptor in place of the
+generated `add_MessagingServiceServicer_to_server`, for one rule: a request whose bytes are not
+its RPC's message (cut off, corrupt, a string field of invalid UTF-8) is answered in the
+protocol's terms, the RPC's response with status BAD_REQUEST, before the caller is checked and
+with nothing stored; never grpcio's bare UNKNOWN naming a Python class (docs/decisions/0097)."""
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
+
+from apps.broker.grpc.protocol import Code, rpc, status
+
+SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
+
+
+class _Undecodable:
+    """What a request's deserializer gives for bytes that are not the request's message."""
+
+
+UNDECODABLE = _Undecodable()
+
+
+def undecodable_message(method: MethodDescriptor) -> str:
+    return f"The request is not a valid {method.input_type.name} message."
+
+
+def _deserializer(request_type: Any) -> Callable[[bytes], Any]:
+    parse = request_type.FromString
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return UNDECODABLE
+
+    return deserialize
+
+
+def _unary_unary(behaviour: Callable[..., Awaitable[Any]], refused: Callable[[], Any]) -> Any:
+    async def handle(request: Any, context: Any) -> Any:
+        if request is UNDECODABLE:
+            return refused()
+        return await behaviour(request, context)
+
+    return handle
+
+
+def _unary_stream(behaviour: Callable[..., AsyncIterator[Any]], refused: Callable[[], Any]) -> Any:
+    # The stream's first and only answer carries the status, as every other refusal of a
+    # ReceiveMessage (the clients read a receive's status from its answers).
+    async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
+        if request is UNDECODABLE:
+            yield refused()
+            return
+        async for answer in behaviour(request, context):
+            yield answer
+
+    return handle
+
+
+def _stream_stream(behaviour: Callable[..., AsyncIterator[Any]], refused: Callable[[], Any]) -> Any:
+    # The client's requests end at the one that is not a message, as if it had half-closed:
+    # the stream answers what it had queued, then the status, and ends (the client reopens it).
+    async def handle(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        undecodable_met = False
+
+        async def decoded() -> AsyncIterator[Any]:
+            nonlocal undecodable_met
+            async for request in requests:
+                if request is UNDECODABLE:
+                    undecodable_met = True
+                    return
+                yield request
+
+        async for answer in behaviour(decoded(), context):
+            yield answer
+        if undecodable_met:
+            yield refused()
+
+    return handle
+
+
+def _handler(servicer: Any, method: MethodDescriptor) -> grpc.RpcMethodHandler:
+    request_type = GetMessageClass(method.input_type)
+    response_type = GetMessageClass(method.output_type)
+    message = undecodable_message(method)
+
+    def refused() -> Any:
+        return response_type(status=status(Code.BAD_REQUEST, message))
+
+    behaviour = getattr(servicer, method.name)
+    arguments = {
+        "request_deserializer": _deserializer(request_type),
+        "response_serializer": response_type.SerializeToString,
+    }
+    if method.client_streaming and method.server_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            _stream_stream(behaviour, refused), **arguments
+        )
+    if method.client_streaming:
+        raise NotImplementedError(f"{method.name}: no client-streaming RPC is served")
+    if method.server_streaming:
+        return grpc.unary_stream_rpc_method_handler(_unary_stream(behaviour, refused), **arguments)
+    return grpc.unary_unary_rpc_method_handler(_unary_unary(behaviour, refused), **arguments)
+
+
+def add_to_server(servicer: Any, server: Any) -> None:
+    """Registers every RPC of the service with `servicer`'s method of its name."""
+    handlers = {method.name: _handler(servicer, method) for method in SERVICE.methods}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+    )

@@ -1,5 +1,7 @@
 """Console pages and actions: login, roles enforced on the server, CSRF, audit trail, escaping."""
 
+import uuid
+
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
@@ -157,3 +159,19 @@ def test_a_large_body_is_truncated_with_a_download_link(db: None) -> None:
     assert "Download the whole body" in page
     download = viewer.get(f"/console/transactions/{half.transaction_id}/body")
     assert download.content == bytes([1]) * 10000
+
+
+def test_a_transaction_that_is_not_there_is_the_consoles_404_on_each_of_its_pages(
+    half: HalfMessage,
+) -> None:
+    """An id that names no transaction (a fresh one, or a stored message's id in a transaction
+    id's place) answers the console's not-found page on the detail, body and action pages."""
+    otto = login("txhub-operators", "otto")
+    stored_message = uuid.UUID(hex=half.msg_id)  # 32 hex characters, as RocketMQ's
+    for unknown in (uuid.uuid4(), stored_message):
+        for page in ("", "body", "commit/"):
+            response = otto.get(f"/console/transactions/{unknown}/{page}")
+            assert response.status_code == 404, page
+            assert "There is no such" in response.content.decode(), page
+    # The positive control: the transaction that is there.
+    assert otto.get(f"/console/transactions/{half.transaction_id}/body").status_code == 200

@@ -4,7 +4,8 @@ its RPC's message (cut off, corrupt, a string field of invalid UTF-8) is answere
 protocol's terms, the RPC's response with status BAD_REQUEST, before the caller is checked and
 with nothing stored; never grpcio's bare UNKNOWN naming a Python class (docs/decisions/0097)."""
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -49,22 +50,29 @@ def _unary_unary(behaviour: Callable[..., Awaitable[Any]], refused: Callable[[],
     return handle
 
 
-def _unary_stream(behaviour: Callable[..., AsyncIterator[Any]], refused: Callable[[], Any]) -> Any:
+def _unary_stream(
+    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any]
+) -> Any:
     # The stream's first and only answer carries the status, as every other refusal of a
-    # ReceiveMessage (the clients read a receive's status from its answers).
+    # ReceiveMessage (the clients read a receive's status from its answers). The servicer's
+    # stream is closed with this one (aclosing), as grpcio closes the stream it is given.
     async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
         if request is UNDECODABLE:
             yield refused()
             return
-        async for answer in behaviour(request, context):
-            yield answer
+        async with contextlib.aclosing(behaviour(request, context)) as answers:
+            async for answer in answers:
+                yield answer
 
     return handle
 
 
-def _stream_stream(behaviour: Callable[..., AsyncIterator[Any]], refused: Callable[[], Any]) -> Any:
+def _stream_stream(
+    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any]
+) -> Any:
     # The client's requests end at the one that is not a message, as if it had half-closed:
     # the stream answers what it had queued, then the status, and ends (the client reopens it).
+    # The servicer's stream is closed with this one (aclosing).
     async def handle(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         undecodable_met = False
 
@@ -76,8 +84,9 @@ def _stream_stream(behaviour: Callable[..., AsyncIterator[Any]], refused: Callab
                     return
                 yield request
 
-        async for answer in behaviour(decoded(), context):
-            yield answer
+        async with contextlib.aclosing(behaviour(decoded(), context)) as answers:
+            async for answer in answers:
+                yield answer
         if undecodable_met:
             yield refused()
 

@@ -34,6 +34,8 @@ SITES = frozenset(
         "after_check_read_before_lock",
         "before_check_send",
         "during_check_call",
+        "after_fifo_heads_read",
+        "after_idempotency_key_read",
     }
 )
 _ACTION = re.compile(

@@ -7,8 +7,6 @@ A. A third row between them, held by a test connection, stops the deletion after
 scan has taken B. Real concurrent transactions, each on its own connection; every thread's
 exception reaches the test through its future."""
 
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from threading import Event
@@ -20,31 +18,10 @@ from django.utils import timezone
 from apps.broker.models import ConsumerGroup, Delivery, DeliveryState
 from apps.broker.services import consuming, dead_letters, registry, sending
 from apps.broker.services.sending import OutgoingMessage
+from tests.support.lock_waits import BOUND, until, waiting_for_a_lock
 from tests.support.own_connection import on_own_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-BOUND = 10  # seconds a step may take (a bound, not a measurement)
-
-
-def waiting_for_a_lock(statement: str) -> bool:
-    """Some backend runs a statement containing `statement` and waits for a row lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND strpos(query, %s) > 0 AND pid <> pg_backend_pid()",
-            [statement],
-        )
-        return int(cursor.fetchone()[0]) > 0
-
-
-def until(condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def expired_out_of_order() -> tuple[ConsumerGroup, int]:

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from apps.broker import failpoints
 from apps.broker.models import ConsumerGroup, Delivery, Topic
 from apps.broker.services import consuming, registry, sending
 from apps.broker.services.sending import OutgoingMessage
@@ -30,7 +31,9 @@ def ack_all(group: ConsumerGroup, received: list[consuming.Received]) -> None:
     assert consuming.message_ack(group=group, receipt_handles=handles) == (handles, [])
 
 
-def test_a_head_being_handed_out_is_passed_over_by_another_receive(transactional_db: None) -> None:
+def heads_freed_by_an_ack() -> tuple[Topic, ConsumerGroup]:
+    """A FIFO group whose first message of each message group was received and acked: every
+    group's second message is a HELD head, free to hand out."""
     topic = registry.topic_create(name="orders", queues=1)
     registry.producer_group_create(name="shop", check_url="http://127.0.0.1:9/")
     group = registry.consumer_group_create(
@@ -46,6 +49,11 @@ def test_a_head_being_handed_out_is_passed_over_by_another_receive(transactional
     assert len(heads) == GROUPS  # the first of each group; the second is held behind it
     assert Delivery.objects.filter(state="HELD").count() == GROUPS
     ack_all(group, heads)  # every group's second message is free now
+    return topic, group
+
+
+def test_a_head_being_handed_out_is_passed_over_by_another_receive(transactional_db: None) -> None:
+    topic, group = heads_freed_by_an_ack()
     released, commit = threading.Event(), threading.Event()
 
     def receive_and_commit_when_told() -> list[consuming.Received]:
@@ -73,3 +81,27 @@ def test_a_head_being_handed_out_is_passed_over_by_another_receive(transactional
     assert second == []
     assert waited < 0.5, waited  # passed over, not waited for
     ack_all(group, got)  # every handle the first receive gave is live: none was taken over
+
+
+def test_a_head_another_receive_handed_out_after_the_heads_read_is_not_handed_out_again(
+    transactional_db: None,
+) -> None:
+    """The release re-checks `state = 'HELD'` under the row's lock: a receive that read the heads
+    while they were held, and locks them after another receive handed them out and committed,
+    finds them in flight and hands out none of them (mutation 30 of decision 0093)."""
+    topic, group = heads_freed_by_an_ack()
+    other: list[list[consuming.Received]] = []
+    late_receive = threading.get_ident()
+
+    def another_receive_commits() -> None:
+        if threading.get_ident() == late_receive:  # the other one passes the site straight on
+            other.append(in_thread(lambda: receive(group, topic)).result(timeout=BOUND))
+
+    with failpoints.armed_here("after_fifo_heads_read", another_receive_commits):
+        late = receive(group, topic)
+    [first] = other
+    assert sorted(bytes(r.message.body).decode() for r in first) == [
+        f"{g}-1" for g in range(GROUPS)
+    ]
+    assert late == []
+    ack_all(group, first)  # the first receive's handles are live: none was taken over

@@ -79,7 +79,8 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
             DelayedMessage.objects.select_related("topic"), ids, scan="delayed_delivery"
         )
         # Offsets in (topic, queue) order: every appending transaction takes queue locks in the
-        # same order, so two scans cannot deadlock on them. One append per queue.
+        # same order, so two scans, or a scan and a send batch, cannot deadlock on them (not in
+        # the order due, decision 0093). One append per queue.
         now = timezone.now()
         ordered = sorted(due, key=lambda d: (d.topic_id, d.queue_id, d.deliver_at))
         try:

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from apps.broker import rows
+from apps.broker import failpoints, rows
 from apps.broker.models import CommitLogEntry, ConsumerGroup, Delivery, DeliveryState, Topic
 from apps.broker.services import handles
 from apps.broker.services.queue_reads import ENTRIES_SQL, MOVE_CURSORS_SQL
@@ -108,6 +108,8 @@ def release_heads(
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []
+        if failpoints.ARMED:
+            failpoints.hit("after_fifo_heads_read")
         cursor.execute(
             _RELEASE_SQL,
             {

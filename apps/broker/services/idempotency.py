@@ -109,6 +109,8 @@ def answer_once(
                 return Answer(dict(stored), replayed=True)
         else:
             key_id = inserted[0]
+        if failpoints.ARMED:
+            failpoints.hit("after_idempotency_key_read")
         body = run()
         IdempotencyKey.objects.filter(pk=key_id).update(
             fingerprint=fingerprint, status=status, response=body, created_at=Now()

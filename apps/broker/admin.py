@@ -2,10 +2,14 @@
 (writes go through the services: the API and the console); bulk commit and roll back through the
 operator service, with a reason asked on an intermediate page."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin.utils import display_for_field
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -27,10 +31,67 @@ from apps.broker.services import operator, registry
 from apps.broker.services.audit import origin_of_request
 from apps.broker.services.errors import BrokerError
 from apps.console.forms import ReasonForm
+from apps.console.invisible import name_invisible
 from apps.console.roles import can_act
 
+# The model fields that may hold a tenant's string (a name, a key, tags, properties, a reason).
+TEXT_FIELDS = (models.CharField, models.TextField, models.JSONField)
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+
+def _named_column(field: "models.Field[Any, Any]") -> Callable[[Any], str]:
+    """What Django would show for the text field `field`, its invisible characters named."""
+
+    @admin.display(description=field.verbose_name, ordering=field.name)
+    def shown(obj: Any) -> str:
+        value = getattr(obj, field.attname)
+        return name_invisible(str(display_for_field(value, field, admin.site.empty_value_display)))
+
+    shown.__name__ = field.name
+    return shown
+
+
+@cache
+def _named_columns(model_label: str) -> dict[str, Callable[[Any], str]]:
+    """A model's text fields by name, each with its column (docs/decisions/0092): made once, so
+    the same column is found again among a page's read-only fields."""
+    fields = apps.get_model(model_label)._meta.concrete_fields
+    return {field.name: _named_column(field) for field in fields if isinstance(field, TEXT_FIELDS)}
+
+
+class ShowsInvisibleCharacters(admin.options.BaseModelAdmin):  # type: ignore[type-arg]
+    """Every text field of a list or a detail page, and the object's name in the page's title,
+    shown with its bidirectional controls and zero-width characters named, by the function the
+    console's `visible` filter calls (docs/decisions/0092)."""
+
+    def field_shown(self, request: HttpRequest, field: Any) -> Any:
+        """The column or read-only field that shows `field` (a name or a callable)."""
+        if isinstance(field, str):
+            return _named_columns(self.opts.label).get(field, field)
+        return field
+
+    def _shown(self, request: HttpRequest, fields: Sequence[Any]) -> list[Any]:
+        return [self.field_shown(request, field) for field in fields]
+
+    def get_list_display(self, request: HttpRequest) -> list[Any]:
+        return self._shown(request, super().get_list_display(request))  # type: ignore[misc]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return self._shown(request, super().get_fields(request, obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return self._shown(request, super().get_readonly_fields(request, obj))
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        # The object's name in the page's title and heading (a token's __str__ is its name); the
+        # breadcrumbs' is named by templates/admin/broker/change_form.html.
+        if context.get("subtitle"):
+            context["subtitle"] = name_invisible(str(context["subtitle"]))
+        return super().render_change_form(request, context, *args, **kwargs)  # type: ignore[misc]
+
+
+class ReadOnlyAdmin(ShowsInvisibleCharacters, admin.ModelAdmin):  # type: ignore[type-arg]
     """Viewing keeps Django's own check (the model's view or change permission): being staff is
     not enough. Nothing is added, changed or deleted here, whatever the permissions."""
 
@@ -44,7 +105,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
-class OpRecordInline(admin.TabularInline):  # type: ignore[type-arg]
+class OpRecordInline(ShowsInvisibleCharacters, admin.TabularInline):  # type: ignore[type-arg]
     model = OpRecord
     fields = ("at", "op", "source", "actor", "reason", "detail")
     readonly_fields = fields
@@ -165,24 +226,19 @@ class ProducerGroupAdmin(BoundTopicsAdmin):
     list_display = ("name", "check_url", "bound_topics", "updated_at")
     exclude = ("signing_secret", "previous_signing_secret")
 
-    # The check URL, in the list and on the (read-only) page, as the request's user may see it:
-    # whole only to txhub operators, who may change it in the console (docs/decisions/0079).
-    def get_list_display(self, request: HttpRequest) -> list[Any]:
-        return _check_url_as_shown(super().get_list_display(request), request)
+    def field_shown(self, request: HttpRequest, field: Any) -> Any:
+        # The check URL, in the list and on the (read-only) page, as the request's user may see
+        # it: whole only to txhub operators, who may change it in the console (decision 0079).
+        if field != "check_url":
+            return super().field_shown(request, field)
+        may_change = can_act(request.user)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        return _check_url_as_shown(super().get_fields(request, obj), request)
+        @admin.display(description="check URL", ordering="check_url")
+        def check_url(group: ProducerGroup) -> str:
+            shown = registry.producer_group_check_url_shown(group=group, may_change=may_change)
+            return name_invisible(shown)
 
-
-def _check_url_as_shown(fields: Sequence[Any], request: HttpRequest) -> list[Any]:
-    """`fields` with "check_url" replaced by a column that asks the registry's one rule."""
-    may_change = can_act(request.user)
-
-    @admin.display(description="check URL", ordering="check_url")
-    def check_url(group: ProducerGroup) -> str:
-        return registry.producer_group_check_url_shown(group=group, may_change=may_change)
-
-    return [check_url if field == "check_url" else field for field in fields]
+        return check_url
 
 
 @admin.register(ConsumerGroup)

@@ -25,6 +25,12 @@ PREVIEW_BYTES = 4096
 CHART_MINUTES = 180
 
 
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The console's not-found page: an unknown transaction, group or token, and any URL under
+    /console/ that matches no page (txhub/urls.py's handler404; docs/decisions/0092)."""
+    return render(request, "console/not_found.html", status=404)
+
+
 def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     @login_required
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -33,7 +39,7 @@ def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
         try:
             return view(request, *args, **kwargs)
         except NotFound:
-            return render(request, "console/not_found.html", status=404)
+            return not_found(request)
 
     return wrapped
 

@@ -217,8 +217,14 @@ def handler403(request: HttpRequest, exception: Exception) -> Any:
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
+    """A URL that matches no pattern, answered as its door answers: the API in the contract's
+    JSON, the console with its own page (docs/decisions/0092), anything else Django's page."""
     if request.path.startswith("/api/"):
         return JsonResponse(error_body("not_found", "No such API endpoint."), status=404)
+    if request.path.startswith("/console/"):
+        from apps.console.views import not_found
+
+        return not_found(request, exception)
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception or Http404())

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from txhub import health
 
@@ -14,9 +14,11 @@ urlpatterns = [
         SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
         name="schema",
     ),
+    # Its start-up script is served as a file of its own (?script), not inline, so the page
+    # works under the console's Content-Security-Policy (docs/decisions/0092).
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(
+        SpectacularSwaggerSplitView.as_view(
             url_name="schema", permission_classes=[], authentication_classes=[]
         ),
         name="api-docs",

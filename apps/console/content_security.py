@@ -1,4 +1,5 @@
-"""The Content-Security-Policy of the console's and the admin's pages (docs/decisions/0092).
+"""The Content-Security-Policy of the console's and the admin's pages and of the API's Swagger UI
+(docs/decisions/0092).
 
 Tenants' strings are escaped where a page shows them; the policy is the second wall: should one
 ever reach a page as markup, no inline script, event handler or `javascript:` URL in it runs, no
@@ -21,13 +22,15 @@ POLICY = "; ".join(
         "frame-ancestors 'none'",
     ]
 )
-# The pages the policy covers; the API answers JSON and its Swagger UI is drf-spectacular's.
-COVERED_PREFIXES = ("/console/", "/admin/")
+# The pages the policy covers. The API answers JSON; its Swagger UI (drf-spectacular's split view,
+# whose start-up script is a file, not inline) is a page like the console's.
+COVERED_PREFIXES = ("/console/", "/admin/", "/api/docs/")
 
 
 class ContentSecurityPolicyMiddleware(MiddlewareMixin):
-    """The policy on the console's and the admin's pages (Django's own middleware, before this
-    one, sends X-Frame-Options DENY on every response, as `check --deploy` asks)."""
+    """The policy on the console's, the admin's and the Swagger UI's pages (Django's own
+    middleware, before this one, sends X-Frame-Options DENY on every response, as `check
+    --deploy` asks)."""
 
     def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
         if request.path.startswith(COVERED_PREFIXES):

@@ -43,11 +43,14 @@ def counted() -> dict[str, int]:
     return total
 
 
-def counted_for_good() -> None:
+def counted_for_good(seconds: float = 60.0) -> None:
     """Measures until every row stored now is counted for good (not `recent`): the rows'
-    counter is then what their deletion takes off (docs/decisions/0095: an id is counted for
-    good two promotions after a measure first reads it)."""
-    for _ in range(5):
+    counter is then what their deletion takes off. An id is counted for good two promotions
+    after a measure first reads it, and a promotion waits for every transaction of the cluster
+    that was running at the measure before (docs/decisions/0095): other tests' transactions
+    (other databases of the same Postgres) can hold it back for a while."""
+    deadline = time.monotonic() + seconds
+    while True:
         storage_usage.storage_measure()
         with connection.cursor() as cursor:
             behind = False
@@ -61,7 +64,9 @@ def counted_for_good() -> None:
                 behind = behind or cursor.fetchone()[0]
         if not behind:
             return
-    raise AssertionError("five measures did not count every stored row for good")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the stored rows were not counted for good within {seconds} s")
+        time.sleep(0.1)
 
 
 def measured() -> dict[str, int]:

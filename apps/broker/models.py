@@ -2,8 +2,7 @@
 
 Three logs, as in RocketMQ: half messages (RMQ_SYS_TRANS_HALF_TOPIC), op records
 (RMQ_SYS_TRANS_OP_HALF_TOPIC) and the commit log. Consumer state is per group: a cursor per queue
-and a delivery row per received message. See docs/decisions/0002 for offsets and locking.
-"""
+and a delivery row per received message. See docs/decisions/0002 for offsets and locking."""
 
 import uuid
 
@@ -104,11 +103,10 @@ class ApiToken(models.Model):
 
 
 class GrpcClient(models.Model):
-    """A RocketMQ client known to the gRPC door, by its client id: what its settings said (kept
-    so a client that reopens its Telemetry stream without re-sending them is still known), and
-    which gRPC process holds its stream now, if any (check-back goes there)."""
+    """A RocketMQ client of the gRPC door, by token and client id (decision 0100): its settings
+    (kept for a stream reopened without them) and the process holding its stream (for checks)."""
 
-    client_id = models.CharField(max_length=255, unique=True)
+    client_id = models.CharField(max_length=255)
     client_type = models.CharField(max_length=32)  # PRODUCER, SIMPLE_CONSUMER, PUSH_CONSUMER...
     # The producer group (from the token's produce scope) or the consumer group.
     group = models.CharField(max_length=127, blank=True)
@@ -124,6 +122,9 @@ class GrpcClient(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["group", "client_type"], name="grpc_client_group_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["token", "client_id"], name="grpc_client_uq")
+        ]
 
     def __str__(self) -> str:
         return self.client_id
@@ -180,8 +181,7 @@ class HalfMessage(MessageFields):
     check_times = models.PositiveIntegerField(default=0)
     check_immunity_seconds = models.PositiveIntegerField(null=True, blank=True)
     next_check_at = models.DateTimeField(null=True, blank=True)
-    # Set while a check-back call is in flight (a lease: if the worker dies, it expires and the
-    # transaction is claimed again by a later scan).
+    # A lease while a check-back call is in flight: a dead worker's expires, a later scan claims.
     checking_until = models.DateTimeField(null=True, blank=True)
     # Consecutive checks that could not reach the producer: they back off and use no budget.
     unreachable_checks = models.PositiveIntegerField(default=0)

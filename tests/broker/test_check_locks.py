@@ -16,7 +16,7 @@ import redis
 from django.db import transaction
 
 from apps.broker import failpoints
-from apps.broker.models import HalfMessage, OpRecord, Resolver
+from apps.broker.models import GrpcClient, HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
 from apps.broker.services.transactions import Actor
 from tests.support.own_connection import in_thread
@@ -120,12 +120,15 @@ def test_an_answer_arriving_while_its_check_is_sent_is_check_backs_answer(
     stream_process: str,
 ) -> None:
     half = due_check_of_a_streaming_producer(stream_process)
+    token_id = GrpcClient.objects.get(client_id=CLIENT).token_id
+    assert token_id is not None
     with meanwhile(
         half,
         lambda half: checkback_stream.checkback_answer(
             transaction_id=half.transaction_id,
             answer="COMMIT",
             client_id=CLIENT,
+            token_id=token_id,
             producer=Actor(Resolver.PRODUCER, CLIENT),
             producer_groups=None,
         ),

@@ -20,6 +20,8 @@ from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor
 
 CLIENT = "shop-host@101@0@producer"
+# The token of CLIENT's stream, as check-back records it (a client is its token's: decision 0100).
+TOKEN_ID = 7
 # Redis channels are shared by every database and so by every test worker: a name of this run's.
 PROCESS = f"grpc-host-{uuid.uuid4().hex[:8]}:4242"
 PRODUCER = Actor(Resolver.PRODUCER, "rocketmq")
@@ -37,17 +39,18 @@ def prepared(check_url: str = "http://127.0.0.1:9/check") -> HalfMessage:
 
 def sent_on_the_stream(half: HalfMessage) -> None:
     """What check-back writes when it hands the check to the process holding CLIENT's stream."""
-    via = {"via": "telemetry", "client_id": CLIENT, "process": PROCESS}
+    via = {"via": "telemetry", "client_id": CLIENT, "token_id": TOKEN_ID, "process": PROCESS}
     checkback.checkback_apply(
         half_id=half.pk, result=CheckResult("UNKNOWN", True, None, "", 0, "", via=via)
     )
 
 
-def answer(half: HalfMessage, state: str, groups: list[str]) -> str:
+def answer(half: HalfMessage, state: str, groups: list[str], token_id: int = TOKEN_ID) -> str:
     return checkback_stream.checkback_answer(
         transaction_id=half.transaction_id,
         answer=state,
         client_id=CLIENT,
+        token_id=token_id,
         producer=PRODUCER,
         producer_groups=groups,
     )
@@ -66,6 +69,16 @@ def test_a_producer_of_another_group_cannot_answer_the_check(db: None) -> None:
     assert answer(half, "COMMIT", ["shop"]) == "COMMIT"
     half.refresh_from_db()
     assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+
+
+def test_the_same_client_id_of_another_token_does_not_answer_the_check(db: None) -> None:
+    half = prepared()
+    sent_on_the_stream(half)
+    # Another token's client of the same id is another client (decision 0100): its server-check
+    # answer is a producer's own resolution, not check-back's.
+    assert answer(half, "ROLLBACK", ["shop"], token_id=TOKEN_ID + 1) == "producer"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("ROLLED_BACK", "PRODUCER")
 
 
 def test_an_answer_after_the_producer_resolved_is_recorded_and_not_applied(db: None) -> None:
@@ -145,7 +158,7 @@ def test_the_answer_to_the_last_check_the_budget_allows_is_applied(db: None, set
         listener.close()
     half.refresh_from_db()
     assert half.state == "PARKED"
-    assert answer(half, "COMMIT", ["shop"]) == "COMMIT"
+    assert answer(half, "COMMIT", ["shop"], token_id=token.pk) == "COMMIT"
     half.refresh_from_db()
     assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
     finals = OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"])

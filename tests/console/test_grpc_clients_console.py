@@ -12,7 +12,8 @@ from tests.support.console import login
 
 
 @pytest.fixture
-def connected(db: None) -> None:
+def connected(db: None) -> int:
+    """The token of the connected clients."""
     registry.consumer_group_create(name="billing", max_delivery_attempts=16, consume_from="first")
     token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop", "consume:billing"])
     for client_id, client_type, group, language, version in (
@@ -31,6 +32,7 @@ def connected(db: None) -> None:
     clients.client_stream_opened(
         client_id="app-1@101@0@prod", token_id=token.pk, process="grpc-host:4242"
     )
+    return token.pk
 
 
 def viewer() -> Client:
@@ -38,7 +40,7 @@ def viewer() -> Client:
 
 
 def test_producer_groups_list_their_connected_rocketmq_producers(
-    half: HalfMessage, connected: None
+    half: HalfMessage, connected: int
 ) -> None:
     page = viewer().get("/console/producer-groups/").content.decode()
     row = page[page.index("app-1@101@0@prod") :].split("</tr>")[0]
@@ -47,7 +49,7 @@ def test_producer_groups_list_their_connected_rocketmq_producers(
     assert "app-2@202@0@push" not in page  # a consumer is listed with its consumer group
 
 
-def test_a_consumer_group_lists_its_connected_rocketmq_consumers(connected: None) -> None:
+def test_a_consumer_group_lists_its_connected_rocketmq_consumers(connected: int) -> None:
     page = viewer().get("/console/consumer-groups/billing/").content.decode()
     row = page[page.index("app-2@202@0@push") :].split("</tr>")[0]
     for shown in ("PUSH_CONSUMER", "NODE_JS", "1.0.8", "app-2", "closed"):
@@ -56,9 +58,14 @@ def test_a_consumer_group_lists_its_connected_rocketmq_consumers(connected: None
 
 
 def test_a_check_over_the_stream_shows_in_the_trace_with_client_and_process(
-    half: HalfMessage, connected: None
+    half: HalfMessage, connected: int
 ) -> None:
-    sent = {"via": "telemetry", "client_id": "app-1@101@0@prod", "process": "grpc-host:4242"}
+    sent = {
+        "via": "telemetry",
+        "client_id": "app-1@101@0@prod",
+        "token_id": connected,
+        "process": "grpc-host:4242",
+    }
     # What check-back writes when it hands the check to the process holding the stream...
     checkback.checkback_apply(
         half_id=half.pk, result=CheckResult("UNKNOWN", True, None, "", 0, "", via=sent)
@@ -68,6 +75,7 @@ def test_a_check_over_the_stream_shows_in_the_trace_with_client_and_process(
         transaction_id=half.transaction_id,
         answer="COMMIT",
         client_id="app-1@101@0@prod",
+        token_id=connected,
         producer=Actor(Resolver.PRODUCER, "rocketmq"),
         producer_groups=None,
     )
@@ -81,3 +89,23 @@ def test_a_check_over_the_stream_shows_in_the_trace_with_client_and_process(
     assert "answer COMMIT" in rows[1]
     assert "applied" in rows[1]
     assert "not reached" not in trace  # a stream check is not an unreachable HTTP callback
+
+
+def test_one_client_id_under_two_tokens_is_listed_as_two_clients_with_their_tokens(
+    connected: int,
+) -> None:
+    # Another tenant's client of the same id is its own client (docs/decisions/0100).
+    other, _ = registry.token_create(name="other-tenant", scopes=["consume:billing"])
+    clients.client_seen(
+        client_id="app-2@202@0@push",
+        token_id=other.pk,
+        client_type="SIMPLE_CONSUMER",
+        group="billing",
+        language="JAVA",
+    )
+    page = viewer().get("/console/consumer-groups/billing/").content.decode()
+    rows = [row for row in page.split("<tr>") if "app-2@202@0@push" in row]
+    assert len(rows) == 2, rows
+    by_token = {("rocketmq" in row, "other-tenant" in row): row for row in rows}
+    assert "PUSH_CONSUMER" in by_token[(True, False)]
+    assert "SIMPLE_CONSUMER" in by_token[(False, True)]

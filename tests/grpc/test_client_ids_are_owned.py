@@ -1,10 +1,9 @@
-"""A RocketMQ client id belongs to the token that first used it (docs/decisions/0034): another
-tenant's token that names it is refused and takes nothing over, and the victim's check-backs
-reach the victim. An EndTransaction(SOURCE_SERVER_CHECK) with no check outstanding to the client
+"""A RocketMQ client id is scoped to its token (docs/decisions/0034, 0100): another tenant's
+token that names it is another client and takes nothing over, and the victim's check-backs reach
+the victim. An EndTransaction(SOURCE_SERVER_CHECK) with no check outstanding to the client
 is the producer's own resolution. Raw stubs on the real gRPC server; the check is sent by the
 check-back service the Celery task runs, through Redis to the server's listener."""
 
-import uuid
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from apps.broker.services import checkback, clients
 from tests.e2e.conftest import TEST_BROKER_URL
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.support import workers
-from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.grpc import WAIT, Telemetry, prepare_raw, signed
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -28,18 +27,10 @@ REFUSED_LINE = "the stream's token may not receive it"
 
 
 def prepare(stub: MessagingServiceStub, meta: Any, setup: Setup) -> HalfMessage:
-    request = rpc.SendMessageRequest()
-    item = request.messages.add()
-    item.topic.name = setup.topic
-    item.body = b"the victim's order 9527"
-    item.system_properties.message_id = uuid.uuid4().hex.upper()
-    item.system_properties.message_type = pb.TRANSACTION
-    answer = stub.SendMessage(request, metadata=meta)
-    assert answer.status.code == pb.Code.OK, answer.status
-    return HalfMessage.objects.get(msg_id=answer.entries[0].message_id)
+    return prepare_raw(stub, meta, setup, b"the victim's order 9527")
 
 
-def test_another_token_naming_a_victims_client_id_is_refused_and_checks_reach_the_victim(
+def test_another_token_naming_a_victims_client_id_takes_nothing_and_checks_reach_the_victim(
     grpc_server: GrpcServer,
     rocketmq_setup: Any,
     stub: MessagingServiceStub,
@@ -54,20 +45,21 @@ def test_another_token_naming_a_victims_client_id_is_refused_and_checks_reach_th
     streams.append(victim_stream)
     assert victim_stream.settings(victim.topic).status.code == pb.Code.OK
 
+    # The rule changed with decision 0100: the intruder's calls under the victim's id are served
+    # as a client of the intruder's own (they were refused FORBIDDEN, which told that the id was
+    # in use). What must hold is unchanged: nothing of the victim's client is taken or changed.
     intruder_stream = Telemetry(stub, stolen_meta)
     streams.append(intruder_stream)
-    refused = intruder_stream.next()
-    assert refused.status.code == pb.Code.FORBIDDEN, refused
-    assert intruder_stream.next() is None  # and the stream ends
+    assert intruder_stream.settings(intruder.topic).status.code == pb.Code.OK
     heartbeat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
-    assert stub.Heartbeat(heartbeat, metadata=stolen_meta).status.code == pb.Code.FORBIDDEN
+    assert stub.Heartbeat(heartbeat, metadata=stolen_meta).status.code == pb.Code.OK
     goodbye = rpc.NotifyClientTerminationRequest()
-    assert (
-        stub.NotifyClientTermination(goodbye, metadata=stolen_meta).status.code == pb.Code.FORBIDDEN
-    )
-    row = GrpcClient.objects.get(client_id=VICTIM_ID)
+    assert stub.NotifyClientTermination(goodbye, metadata=stolen_meta).status.code == pb.Code.OK
+    row = GrpcClient.objects.get(client_id=VICTIM_ID, token_id=victim.token_id)
     assert (row.token_id, row.group) == (victim.token_id, victim.producer)
     assert row.stream_process, "the victim's stream is no longer the one held"
+    own = GrpcClient.objects.get(client_id=VICTIM_ID, token_id=intruder.token_id)
+    assert (own.group, own.stream_process) == (intruder.producer, "")  # it said goodbye
     # Positive control: the intruder's token works under a client id of its own.
     own = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
     own_meta = signed(grpc_server, intruder, "intruder-host@1@0@producer")
@@ -81,7 +73,8 @@ def test_another_token_naming_a_victims_client_id_is_refused_and_checks_reach_th
     assert check.transaction_id == str(half.transaction_id), command
     assert check.message.body == b"the victim's order 9527"
     [sent] = OpRecord.objects.filter(half=half, op="CHECK")
-    assert sent.detail["client_id"] == VICTIM_ID
+    assert (sent.detail["client_id"], sent.detail["token_id"]) == (VICTIM_ID, victim.token_id)
+    assert intruder_stream.incoming.empty(), intruder_stream.incoming.get()
 
     # The victim answers the check: check-back's resolution.
     end = rpc.EndTransactionRequest(

@@ -2,7 +2,8 @@
 none of them (docs/decisions/0046, 0090, 0099): each RPC naming B's topic, group, transaction id,
 receipt handle or recall handle answers A exactly as a made-up name or id does (the names
 themselves aside), B's rows are as they were, and B's own client still uses each of them (the
-positive control). A client id B holds is refused to A and stays B's (docs/decisions/0034).
+positive control). A client id B holds, named by A, is a client of A's and B's stays as it was
+(docs/decisions/0034, 0100).
 Raw stubs on the real gRPC server, signed as the official client signs."""
 
 import base64
@@ -68,7 +69,7 @@ def b_rows(t: Tenants) -> dict[str, Any]:
     """What of B's a call of A's could change."""
     half = HalfMessage.objects.get(transaction_id=t.transaction_id)
     held = Delivery.objects.get(message__msg_id=t.received_id)
-    client = GrpcClient.objects.get(client_id=B_CLIENT)
+    client = GrpcClient.objects.get(client_id=B_CLIENT, token_id=t.b.token_id)
     return {
         "half": (half.state, half.resolved_by),
         "delayed": DelayedMessage.objects.filter(msg_id=t.delayed_id).exists(),
@@ -348,19 +349,29 @@ def test_b_s_handles_and_transaction_ids_answer_a_as_ones_that_do_not_exist(
     assert RecalledMessage.objects.filter(msg_id=t.delayed_id).exists()
 
 
-def test_a_client_id_b_holds_is_refused_to_a_and_stays_b_s(
+def test_a_client_id_b_holds_is_a_client_of_a_s_and_b_s_stays_as_it_was(
     tenants: Tenants, grpc_server: GrpcServer, stub: MessagingServiceStub
 ) -> None:
+    # The rule changed with decision 0100: A's calls under B's id were refused FORBIDDEN (which
+    # told A the id was in use); they are now answered as for an id no one uses, as A's client.
     t = tenants
     stolen = signed(grpc_server, t.a, B_CLIENT)
+    fresh = signed(grpc_server, t.a, "a-fresh-host@1@0@producer")
     before = b_rows(t)
-    goodbye = stub.NotifyClientTermination(rpc.NotifyClientTerminationRequest(), metadata=stolen)
-    assert goodbye.status.code == pb.Code.FORBIDDEN, goodbye.status
     beat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
-    assert stub.Heartbeat(beat, metadata=stolen).status.code == pb.Code.FORBIDDEN
-    assert t.b.producer not in goodbye.status.message  # the refusal names no owner
+    goodbye = rpc.NotifyClientTerminationRequest()
+    answers = [
+        [
+            stub.Heartbeat(beat, metadata=meta).status,
+            stub.NotifyClientTermination(goodbye, metadata=meta).status,
+        ]
+        for meta in (stolen, fresh)
+    ]
+    assert answers[0] == answers[1], answers
+    assert [answer.code for answer in answers[0]] == [pb.Code.OK, pb.Code.OK]
+    assert GrpcClient.objects.get(client_id=B_CLIENT, token_id=t.a.token_id).group == t.a.producer
     assert b_rows(t) == before
     # The positive control: B's client id is still B's, and B may use it.
     assert stub.Heartbeat(beat, metadata=t.b_meta).status.code == pb.Code.OK
-    row = GrpcClient.objects.get(client_id=B_CLIENT)
-    assert (row.token_id, row.group) == (t.b.token_id, t.b.producer)
+    row = GrpcClient.objects.get(client_id=B_CLIENT, token_id=t.b.token_id)
+    assert row.group == t.b.producer

@@ -194,3 +194,16 @@ def raw_message(default_topic: str, /, **change: Any) -> Any:
         user_properties=change.pop("properties", {}),
         system_properties=pb.SystemProperties(**system),
     )
+
+
+def prepare_raw(stub: MessagingServiceStub, meta: Any, setup: "Setup", body: bytes) -> HalfMessage:
+    """A transaction prepared with a raw SendMessage under `meta`: its half message."""
+    request = rpc.SendMessageRequest()
+    item = request.messages.add()
+    item.topic.name = setup.topic
+    item.body = body
+    item.system_properties.message_id = uuid.uuid4().hex.upper()
+    item.system_properties.message_type = pb.TRANSACTION
+    answer = stub.SendMessage(request, metadata=meta)
+    assert answer.status.code == pb.Code.OK, answer.status
+    return HalfMessage.objects.get(msg_id=answer.entries[0].message_id)

@@ -46,7 +46,12 @@ async def listen(*, process: str) -> None:
 
 async def _forward(request: dict[str, Any]) -> None:
     client_id = request["client_id"]
-    stream = streams.stream_of(client_id)
+    # The client of this token: another token's client of the same id is another client
+    # (decision 0100). A request without a token (sent before 0100) finds no stream.
+    token_id = request.get("token_id")
+    stream = None
+    if isinstance(token_id, int):
+        stream = streams.stream_of(token_id=token_id, client_id=client_id)
     if stream is None:
         log.info(
             "check for %s: client %s is not connected here", request["transaction_id"], client_id

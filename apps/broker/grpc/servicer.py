@@ -149,6 +149,7 @@ def _end_transaction(caller: Caller, request: Any) -> Any:
             transaction_id=transaction_id,
             answer="COMMIT" if commit else "ROLLBACK",
             client_id=caller.client_id,
+            token_id=caller.principal.token_id,
             producer=Actor(Resolver.PRODUCER, caller.principal.name),
             producer_groups=groups,
         )

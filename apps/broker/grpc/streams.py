@@ -1,8 +1,9 @@
 """Telemetry streams: settings both ways, and check-back commands to producers.
 
-Each gRPC process keeps the streams it holds in `OPEN` (client id -> outbox). Who the client is
-(type, group, topics) is kept in Postgres by client id (services/clients.py), because the Python
-client reopens a broken stream without re-sending its settings for up to 5 minutes."""
+Each gRPC process keeps the streams it holds in `OPEN` ((token, client id) -> outbox: one id
+under two tokens is two clients, decision 0100). Who the client is (type, group, topics) is kept
+in Postgres by token and client id (services/clients.py), because the Python client reopens a
+broken stream without re-sending its settings for up to 5 minutes."""
 
 import asyncio
 import contextlib
@@ -77,8 +78,8 @@ class Stream:
             self.task.cancel()
 
 
-# Streams held by this process: client id -> its stream.
-OPEN: dict[str, Stream] = {}
+# Streams held by this process: (token id, client id) -> its stream (decision 0100).
+OPEN: dict[tuple[int, str], Stream] = {}
 
 # What the server announces: the limits it enforces (apps/broker/limits.py, settings).
 MAX_BODY_BYTES = settings.TXHUB_MAX_BODY_BYTES
@@ -106,14 +107,15 @@ async def serve(*, caller: Caller, requests: Any, process: str) -> AsyncIterator
 
 
 async def _serve(*, caller: Caller, requests: Any, process: str) -> AsyncGenerator[Any, None]:
-    client_id = caller.client_id
+    client_id, token_id = caller.client_id, caller.principal.token_id
+    key = (token_id, client_id)
     try:
         # The client id must be given and this token's (clients.client_claim): else refused
         # (CLIENT_ID_REQUIRED when there is none), nothing held.
         await db(
             clients.client_stream_opened,
             client_id=client_id,
-            token_id=caller.principal.token_id,
+            token_id=token_id,
             process=process,
         )
     except limits.LimitError as error:
@@ -124,9 +126,9 @@ async def _serve(*, caller: Caller, requests: Any, process: str) -> AsyncGenerat
         refused = refusal_of(error)
         yield rpc.TelemetryCommand(status=status(refused.code, refused.message))
         return
-    stream = Stream(token_id=caller.principal.token_id, task=asyncio.current_task())
-    previous = OPEN.get(client_id)
-    OPEN[client_id] = stream
+    stream = Stream(token_id=token_id, task=asyncio.current_task())
+    previous = OPEN.get(key)
+    OPEN[key] = stream
     if previous is not None:
         previous.close(None, "the client opened a new stream")
     outbox = stream.outbox
@@ -165,10 +167,15 @@ async def _serve(*, caller: Caller, requests: Any, process: str) -> AsyncGenerat
     finally:
         reader.cancel()
         wakeups.hub().unwatch_token(stream.token_id, on_revoked)
-        if OPEN.get(client_id) is stream:
-            del OPEN[client_id]
+        if OPEN.get(key) is stream:
+            del OPEN[key]
             with contextlib.suppress(Exception):  # shutting down: the row is refreshed later
-                await db(clients.client_stream_closed, client_id=client_id, process=process)
+                await db(
+                    clients.client_stream_closed,
+                    client_id=client_id,
+                    token_id=token_id,
+                    process=process,
+                )
 
 
 async def _on_settings(caller: Caller, received: Any) -> Any:
@@ -267,5 +274,5 @@ def _check_filter(expression: Any) -> None:
         raise Refusal(Code.ILLEGAL_FILTER_EXPRESSION, str(error)) from None
 
 
-def stream_of(client_id: str) -> Stream | None:
-    return OPEN.get(client_id)
+def stream_of(*, token_id: int, client_id: str) -> Stream | None:
+    return OPEN.get((token_id, client_id))

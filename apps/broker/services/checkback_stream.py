@@ -39,7 +39,9 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
     connection = broker_client(socket_timeout=2, socket_connect_timeout=2)
     try:
         for producer in producers:
-            payload = json.loads(request) | {"client_id": producer.client_id}
+            # The client is its token's and its id's (decision 0100): both route the check.
+            client = {"client_id": producer.client_id, "token_id": producer.token_id}
+            payload = json.loads(request) | client
             try:
                 # PUBLISH answers how many subscribers got it: 0 = that process is gone.
                 delivered = connection.publish(
@@ -48,26 +50,24 @@ def checkback_send(*, half: HalfMessage) -> dict[str, Any] | None:
             except redis.RedisError:
                 return None
             if delivered:
-                return {
-                    "via": "telemetry",
-                    "client_id": producer.client_id,
-                    "process": producer.stream_process,
-                }
+                return {"via": "telemetry", **client, "process": producer.stream_process}
     finally:
         connection.close()
     return None
 
 
-def check_outstanding(half: HalfMessage, *, client_id: str) -> bool:
-    """Whether the last check of `half` was sent on `client_id`'s stream and is not answered
-    yet: the only case where that client's EndTransaction(SOURCE_SERVER_CHECK) is check-back's
-    answer (docs/decisions/0034). Call with the half locked."""
+def check_outstanding(half: HalfMessage, *, client_id: str, token_id: int) -> bool:
+    """Whether the last check of `half` was sent on the stream of the token's client `client_id`
+    and is not answered yet: the only case where that client's EndTransaction(SOURCE_SERVER_CHECK)
+    is check-back's answer (docs/decisions/0034; the token too, decision 0100). Call with the
+    half locked."""
     last = OpRecord.objects.filter(half=half, op=OpKind.CHECK).order_by("-id").first()
     return (
         last is not None
         and last.detail.get("via") == "telemetry"
         and "process" in last.detail  # the record of a check sent; an answer's has none
         and last.detail.get("client_id") == client_id
+        and last.detail.get("token_id") == token_id
     )
 
 
@@ -76,6 +76,7 @@ def checkback_answer(
     transaction_id: uuid.UUID,
     answer: str,
     client_id: str,
+    token_id: int,
     producer: Actor,
     producer_groups: Collection[str] | None,
 ) -> str:
@@ -95,14 +96,14 @@ def checkback_answer(
             .first()
         )
         half = half_rows.owned(half, transaction_id, producer_groups)
-        if not check_outstanding(half, client_id=client_id):
+        if not check_outstanding(half, client_id=client_id, token_id=token_id):
             resolve(transaction_id=transaction_id, actor=producer, producer_groups=producer_groups)
             return "producer"
         detail = {"answer": answer, "reached": True, "status": None, "error": ""}
         # The check was counted when it was sent (checkback_run): not counted again here.
         resolved = checkback_resolve(
             half,
-            detail={**detail, "via": "telemetry", "client_id": client_id},
+            detail={**detail, "via": "telemetry", "client_id": client_id, "token_id": token_id},
             now=timezone.now(),
             carrier="the producer over its Telemetry stream",
         )

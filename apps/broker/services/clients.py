@@ -1,13 +1,15 @@
-"""RocketMQ clients known to the gRPC door: one row per client id (models.GrpcClient).
+"""RocketMQ clients known to the gRPC door: one row per token and client id (models.GrpcClient).
 
 Written when a client says who it is (Telemetry settings, heartbeats) and when its stream opens
 or closes; read by check-back (which process holds a producer's stream) and by the console.
 
-Two rules live here and nowhere else (docs/decisions/0034): a client id belongs to the token that
-first used it, and to its group (`client_claim`, called by every write of a client row, which
-also refuses a blank or over-long id: limits.check_client_id); a check
-is sent on a stream only while the stream's token holds `produce:<group>` of the transaction
-(`stream_may_check`, read when the check is forwarded)."""
+Two rules live here and nowhere else (docs/decisions/0034): a client id is scoped to the token
+that uses it, so one id under two tokens is two clients and no token can take or learn of
+another's (decision 0100), and belongs to its group (`client_claim`, called by every write of a
+client row, which also refuses a blank or over-long id: limits.check_client_id); a check is sent
+on a stream only while the stream's token holds `produce:<group>` of the transaction
+(`stream_may_check`, read when the check is forwarded). Every lookup by client id here takes the
+caller's token too."""
 
 from datetime import timedelta
 
@@ -19,11 +21,6 @@ from django.utils import timezone
 from apps.broker import access, limits
 from apps.broker.models import GrpcClient
 from apps.broker.services.errors import Forbidden
-
-
-def _token_live(token_id: int | None) -> bool:
-    return access.by_id(token_id) is not None
-
 
 # The advisory lock (this class, a token id) under which a token's client ids are counted before
 # one more is taken: two claims of new ids at once would both count one below the cap and both
@@ -42,16 +39,21 @@ def _count_token_clients(token_id: int) -> None:
 
 
 def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClient:
-    """The client's row, locked, once the caller is known to own the client id; call inside
-    `transaction.atomic()`. A new id becomes the caller's. An id owned by another live token, or
-    used for another group, is refused (Forbidden) and nothing changes. An id whose token was
-    revoked or deleted may be taken by a new one (its owner can call nothing any more). A blank
-    or over-long id is refused (limits.LimitError, field `client_id`) before anything is read, and
-    so is a new id of a token that has TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (decision 0084)."""
+    """The row of the caller's token's client `client_id`, locked; call inside
+    `transaction.atomic()`. A new id is a new client of the token's, whether or not another token
+    uses the same id (decision 0100). An id the token uses for another group is refused
+    (Forbidden) and nothing changes. A blank or over-long id is refused (limits.LimitError, field
+    `client_id`) before anything is read, and so is a new id of a token that has
+    TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (decision 0084)."""
     limits.check_client_id(client_id)
     for _ in range(2):
-        # Lock: two tokens claiming the same new id at once; the second waits and sees the first.
-        row = GrpcClient.objects.select_for_update().filter(client_id=client_id).first()
+        # Lock: two calls of the token creating the same new id at once; the second waits for
+        # the first and sees its row.
+        row = (
+            GrpcClient.objects.select_for_update()
+            .filter(token_id=token_id, client_id=client_id)
+            .first()
+        )
         if row is not None:
             break
         _count_token_clients(token_id)
@@ -61,16 +63,10 @@ def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClien
                     client_id=client_id, client_type="UNKNOWN", token_id=token_id, group=group
                 )
         except IntegrityError:
-            continue  # created meanwhile by another call: read it, locked
+            continue  # created meanwhile by another call of the token: read it, locked
     else:
-        raise Forbidden("This client id is in use by another client.")
-    if row.token_id != token_id:
-        if _token_live(row.token_id):
-            raise Forbidden("This client id belongs to another token: use a client id of yours.")
-        _count_token_clients(token_id)
-        row.token_id = token_id
-        row.group = group
-    elif group and row.group and row.group != group:
+        raise Forbidden("This client id is in use by another client of this token.")
+    if group and row.group and row.group != group:
         raise Forbidden(f"This client id is used for group {row.group!r}, not {group!r}.")
     return row
 
@@ -121,9 +117,11 @@ def client_stream_opened(*, client_id: str, token_id: int, process: str) -> None
         client.save()
 
 
-def client_stream_closed(*, client_id: str, process: str) -> None:
+def client_stream_closed(*, client_id: str, token_id: int, process: str) -> None:
     # Only if no newer stream of the same client (on another process) took over meanwhile.
-    GrpcClient.objects.filter(client_id=client_id, stream_process=process).update(stream_process="")
+    GrpcClient.objects.filter(
+        token_id=token_id, client_id=client_id, stream_process=process
+    ).update(stream_process="")
 
 
 def client_terminated(*, client_id: str, token_id: int) -> None:
@@ -161,9 +159,14 @@ def clients_sweep(*, batch: int = 1000) -> int:
 
 
 def clients_connected(*, group: str | None = None) -> QuerySet[GrpcClient]:
-    """Clients with a stream open, or seen within TXHUB_GRPC_CLIENT_TTL."""
+    """Clients with a stream open, or seen within TXHUB_GRPC_CLIENT_TTL, with their tokens (one
+    id under two tokens is two clients, decision 0100)."""
     recent = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_TTL)
-    rows = GrpcClient.objects.filter(seen_at__gte=recent).exclude(client_type="UNKNOWN")
+    rows = (
+        GrpcClient.objects.select_related("token")
+        .filter(seen_at__gte=recent)
+        .exclude(client_type="UNKNOWN")
+    )
     if group is not None:
         rows = rows.filter(group=group)
     return rows.order_by("group", "connected_at")

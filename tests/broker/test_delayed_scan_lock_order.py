@@ -21,32 +21,20 @@ from django.utils import timezone
 from apps.broker.models import CommitLogEntry, DelayedMessage
 from apps.broker.services import delivery, registry, sending
 from apps.broker.services.sending import OutgoingMessage
-from tests.support.killed_mid_write import SECONDS, execute
+from tests.support.killed_mid_write import SECONDS, inserts_wait
 from tests.support.own_connection import in_thread
 from tests.support.statement_faults import own_connection
 
 # The advisory lock each insert into the commit log waits for while the test holds it.
 STEP = 0x7478_6840
-_WAIT_IN_APPEND_SQL = f"""
-CREATE FUNCTION delayed_order_test_wait() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock_shared({STEP}); RETURN NEW; END $$;
-CREATE TRIGGER delayed_order_test_wait BEFORE INSERT ON broker_commitlogentry
-    FOR EACH ROW EXECUTE FUNCTION delayed_order_test_wait();
-"""
 
 
 @pytest.fixture
 def wait_in_commit_log_insert(transactional_db: None) -> Iterator[None]:
     """A row trigger: it fires once the row's queue row is taken (the insert reads its offset
     from the statement's update of that row), so the transaction waits holding it."""
-    execute(_WAIT_IN_APPEND_SQL)
-    try:
+    with inserts_wait("broker_commitlogentry", STEP, name="delayed_order_test_wait"):
         yield
-    finally:
-        execute(
-            "DROP TRIGGER delayed_order_test_wait ON broker_commitlogentry; "
-            "DROP FUNCTION delayed_order_test_wait()"
-        )
 
 
 def message_id(queue: int, n: int) -> str:

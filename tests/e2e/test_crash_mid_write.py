@@ -162,21 +162,14 @@ def test_a_recall_killed_before_its_commit_leaves_the_message_waiting(
 # The test's own wait in an INSERT into broker_delivery: for the advisory lock FIFO_STEP, which
 # the test holds while it kills the server (a statement-level trigger; dropped after the test).
 FIFO_STEP = 0x7478_6835
-_WAIT_IN_INSERT_SQL = f"""
-CREATE FUNCTION crash_test_wait() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock_shared({FIFO_STEP}); RETURN NULL; END $$;
-CREATE TRIGGER crash_test_wait BEFORE INSERT ON broker_delivery
-    FOR EACH STATEMENT EXECUTE FUNCTION crash_test_wait();
-"""
 
 
 @pytest.fixture
 def wait_in_delivery_insert(web: Web) -> Iterator[None]:
-    execute(_WAIT_IN_INSERT_SQL)
-    try:
+    with killed_mid_write.inserts_wait(
+        "broker_delivery", FIFO_STEP, name="crash_test_wait", each="STATEMENT"
+    ):
         yield
-    finally:
-        execute("DROP TRIGGER crash_test_wait ON broker_delivery; DROP FUNCTION crash_test_wait()")
 
 
 def test_a_fifo_release_killed_mid_way_or_unanswered_holds_up_its_group_no_longer(
@@ -362,21 +355,14 @@ def test_a_storage_measure_killed_before_its_commit_counts_nothing_twice(
 # The test's own wait in the INSERT of a PARK op: for the advisory lock PARK_STEP (a row trigger;
 # dropped after the test).
 PARK_STEP = 0x7478_6836
-_WAIT_IN_PARK_SQL = f"""
-CREATE FUNCTION crash_test_park() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock_shared({PARK_STEP}); RETURN NEW; END $$;
-CREATE TRIGGER crash_test_park BEFORE INSERT ON broker_oprecord
-    FOR EACH ROW WHEN (NEW.op = 'PARK') EXECUTE FUNCTION crash_test_park();
-"""
 
 
 @pytest.fixture
 def wait_in_park(web: Web) -> Iterator[None]:
-    execute(_WAIT_IN_PARK_SQL)
-    try:
+    with killed_mid_write.inserts_wait(
+        "broker_oprecord", PARK_STEP, name="crash_test_park", when="NEW.op = 'PARK'"
+    ):
         yield
-    finally:
-        execute("DROP TRIGGER crash_test_park ON broker_oprecord; DROP FUNCTION crash_test_park()")
 
 
 def test_a_check_killed_as_it_parks_at_check_max_is_counted_and_parked_once(

@@ -20,31 +20,19 @@ from apps.broker.grpc import producers
 from apps.broker.grpc.protocol import pb
 from apps.broker.models import CommitLogEntry
 from apps.broker.services import registry, sending
-from tests.support.killed_mid_write import SECONDS, execute
+from tests.support.killed_mid_write import SECONDS, inserts_wait
 from tests.support.statement_faults import own_connection
 
 # The advisory lock each insert into the commit log waits for while the test holds it.
 STEP = 0x7478_6839
-_WAIT_IN_APPEND_SQL = f"""
-CREATE FUNCTION batch_order_test_wait() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock_shared({STEP}); RETURN NEW; END $$;
-CREATE TRIGGER batch_order_test_wait BEFORE INSERT ON broker_commitlogentry
-    FOR EACH ROW EXECUTE FUNCTION batch_order_test_wait();
-"""
 
 
 @pytest.fixture
 def wait_in_commit_log_insert(transactional_db: None) -> Iterator[None]:
     """A row trigger: it fires once the row's queue row is taken (the insert reads its offset
     from the statement's update of that row), so the batch waits holding it."""
-    execute(_WAIT_IN_APPEND_SQL)
-    try:
+    with inserts_wait("broker_commitlogentry", STEP, name="batch_order_test_wait"):
         yield
-    finally:
-        execute(
-            "DROP TRIGGER batch_order_test_wait ON broker_commitlogentry; "
-            "DROP FUNCTION batch_order_test_wait()"
-        )
 
 
 def message_id(queue: int, n: int) -> str:

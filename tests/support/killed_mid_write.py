@@ -4,9 +4,10 @@ test's own waits for) that a statement of the transaction waits for after its fi
 test kills the process while it waits, lets the lock go, and Postgres ends the dead client's
 transaction (tests/e2e/test_crash_mid_write.py, tests/grpc/test_crash_mid_recall_grpc.py)."""
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -79,3 +80,23 @@ def call_killed(
     wait_gone(waiting)
     [result] = outcome
     return result
+
+
+@contextlib.contextmanager
+def inserts_wait(
+    table: str, lock: int, *, name: str, each: str = "ROW", when: str = ""
+) -> Iterator[None]:
+    """A trigger of the test's own, dropped after the block: each INSERT into `table` (each ROW,
+    or each STATEMENT; only rows matching `when`, if given) waits, before it writes, for the
+    advisory lock `lock` while a session of the test holds it (`pg_advisory_xact_lock`)."""
+    returned = "NEW" if each == "ROW" else "NULL"
+    execute(
+        f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN PERFORM pg_advisory_xact_lock_shared({lock}); RETURN {returned}; END $$; "
+        f"CREATE TRIGGER {name} BEFORE INSERT ON {table} "
+        f"FOR EACH {each} {f'WHEN ({when})' if when else ''} EXECUTE FUNCTION {name}();"
+    )
+    try:
+        yield
+    finally:
+        execute(f"DROP TRIGGER {name} ON {table}; DROP FUNCTION {name}()")

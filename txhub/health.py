@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from apps.broker.api.errors import unavailable_headers
 from apps.broker.metrics import DatabaseCollector, scrape_registry
+from apps.console import roles
 from txhub.readiness import READINESS, ready
 
 
@@ -61,15 +62,16 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 def may_scrape(request: HttpRequest) -> bool:
     """Who may read /metrics, which names every tenant's topics and groups (docs/decisions/0090):
-    the scraper sending TXHUB_METRICS_TOKEN as its bearer token, or an operator signed in to the
-    console (an active staff user). Nobody else, and nobody by a token when none is set."""
+    the scraper sending TXHUB_METRICS_TOKEN as its bearer token, or a user the console lets in
+    (its viewers, operators and superusers, who see every tenant's data there; the console's one
+    rule, apps/console/roles.py). Nobody else, and nobody by a token when none is set."""
     expected = settings.TXHUB_METRICS_TOKEN
     if expected:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if hmac.compare_digest(given.encode(), expected.encode()):
             return True
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff)
+    return user is not None and roles.can_view(user)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

@@ -4,10 +4,11 @@ and an operator signed in to the console read them all."""
 
 from typing import Any
 
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from apps.broker.services import registry
+from apps.console import roles
 from tests.support.transactions import make_group, prepare
 
 NAMES = ("acme-payments", "acme-orders")
@@ -48,17 +49,26 @@ def test_the_token_holder_and_a_signed_in_operator_read_the_tenant_series(
     assert scraper.status_code == 200
     assert TOPIC in names_in(scraper)
     operator = Client()
-    operator.force_login(User.objects.create_user("vera", is_staff=True))
+    vera = User.objects.create_user("vera")
+    vera.groups.add(Group.objects.get_or_create(name=roles.OPERATORS)[0])
+    operator.force_login(vera)
     assert TOPIC in names_in(operator.get("/metrics"))
     settings.TXHUB_METRICS_TOKEN = ""
     assert TOPIC in names_in(operator.get("/metrics"))
 
 
-def test_a_signed_in_user_who_is_not_staff_reads_nothing(db: None, settings: Any) -> None:
+def test_a_signed_in_user_the_console_refuses_reads_nothing(db: None, settings: Any) -> None:
     settings.TXHUB_METRICS_TOKEN = ""
     a_tenants_objects()
+    # Staff without a console role is no operator (apps/console/roles.py), nor is a plain user.
+    for user in (User.objects.create_user("guest"), User.objects.create_user("sam", is_staff=True)):
+        someone = Client()
+        someone.force_login(user)
+        refused = someone.get("/metrics")
+        assert refused.status_code == 401
+        assert names_in(refused) == []
+    viewer = User.objects.create_user("val")
+    viewer.groups.add(Group.objects.get_or_create(name=roles.VIEWERS)[0])
     someone = Client()
-    someone.force_login(User.objects.create_user("guest"))
-    refused = someone.get("/metrics")
-    assert refused.status_code == 401
-    assert names_in(refused) == []
+    someone.force_login(viewer)
+    assert TOPIC in names_in(someone.get("/metrics"))  # the positive control: a console viewer

@@ -34,7 +34,8 @@ ensure_debian_packages() {
   # The nightly reconciliation: PySpark needs Java 17 and reads Postgres with Debian's JDBC driver.
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
   [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
-  # The chaos suite's clock-skew case (F12) runs Celery under libfaketime.
+  # libfaketime: the chaos suite's clock-skew case (F12) runs Celery under it, and
+  # tests/broker/test_checkback_clock.py a check-back worker of its own (decision 0102).
   compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || missing+=(faketime)
   # The HA cases (F14-F19, tests/chaos/ha.py) run scripts/ha.sh: etcd, Redis Sentinels, and a
   # venv of Debian's python3 for Patroni.

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache, selectors
 from apps.broker.models import ApiToken, ConsumerGroup
 from apps.broker.services import registry
-from tests.support.ports import free_port
+from tests.support.redis_outage import shared_cache_unreachable
 from tests.support.responses import assert_error, expect
 
 CONFIG_TABLES = (
@@ -190,15 +190,7 @@ def test_without_redis_nothing_is_cached_and_no_change_is_made_unknown(
     # An earlier outage's pause must not answer for the one below: Redis is asked again first.
     epoch_once_redis_is_asked_again()
     expect(send(producer, names), 201)  # kept by this process under the live epoch
-    dead = free_port()  # nothing listens there
-    caches = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": f"redis://127.0.0.1:{dead}/3",
-            "OPTIONS": {"socket_connect_timeout": 0.1, "socket_timeout": 0.1},
-        }
-    }
-    with override_settings(CACHES=caches):
+    with shared_cache_unreachable():  # a port held and refused: nothing else can take it
         assert config_cache.current() is None
         with CaptureQueriesContext(connection) as captured:
             expect(send(producer, names), 201)

@@ -8,7 +8,7 @@ adds up, per message:
 - grpc.aio's own CPU for two empty unary calls and a 32nd of a call that streams 34 answers (32
   messages, a status and a timestamp), with the official client's metadata: a server on uvloop
   (the loop `manage.py grpcserver` runs, with grpc's default options) answering from bytes, in a
-  child process this module starts (`python bench/grpc_floor.py`, which prints its port);
+  child process this module starts (`python bench/grpc_floor.py [PORT]`, which prints its port);
 - each RPC's synchronous part as the door runs it in its one thread hop (authentication and the
   rate limit's count, the service call, the answers built by the door's own code), with its
   request decoded and its answers encoded: called here, on this thread, with the requests the
@@ -207,14 +207,15 @@ async def _stream(request: bytes, context: Any) -> AsyncIterator[bytes]:
         yield ANSWER
 
 
-async def _serve() -> None:
+async def _serve(port: int = 0) -> None:
+    """Serve on 127.0.0.1:`port` (0: a free one) and print the port once listening."""
     server = grpc.aio.server()
     handlers = {
         "Empty": grpc.unary_unary_rpc_method_handler(_empty),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     print(port, flush=True)
     await server.wait_for_termination()
@@ -224,4 +225,4 @@ if __name__ == "__main__":
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve())
+        runner.run(_serve(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

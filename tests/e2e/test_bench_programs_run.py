@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import BIN, ROOT, db_url_for_tests
 from tests.e2e.conftest import Celery
 from tests.grpc.conftest import GrpcServer, grpc_server  # noqa: F401 - the fixture
+from tests.support.ports import free_ports
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -27,6 +28,7 @@ SMOKED = {
     "checkback_scan.py",
     "console_pages.py",
     "delay_lateness.py",
+    "grpc_other_servers.py",
     "grpc_send.py",
     "hostile_body.py",
     "junk_tokens.py",
@@ -153,6 +155,18 @@ def test_delay_lateness_runs(
 def test_slow_clients_runs(gunicorn: str) -> None:
     out = run_bench("slow_clients.py", "--url", gunicorn, "--lorises", "50", "--seconds", "1")
     assert "beside 50 slow lorises" in out, out
+
+
+def test_grpc_other_servers_runs() -> None:
+    # The Python servers only: the Node ones need bench/node's `npm ci`, which `make test` does
+    # not run (docs/decisions/0105).
+    port, endpoint_port = free_ports(2)
+    out = run_bench(
+        "grpc_other_servers.py",
+        *("--only", "a,c", "--calls", "20", "--warm", "5", "--streams", "2", "--rounds", "1"),
+        *("--port", str(port), "--endpoint-port", str(endpoint_port)),
+    )
+    assert "grpc sync server, thread pool" in out, out
 
 
 def test_hostile_body_runs() -> None:

@@ -4,6 +4,7 @@ import base64
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,6 +13,8 @@ from django.core.paginator import Paginator
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
 from apps.broker import selectors
@@ -19,7 +22,7 @@ from apps.broker.services import operator
 from apps.broker.services.errors import NotFound
 from apps.console import charts
 from apps.console.forms import BulkActionForm, ConfirmedReasonForm, TransactionFilterForm
-from apps.console.roles import can_act, can_view
+from apps.console.roles import OPERATORS, VIEWERS, can_act, can_view
 
 PREVIEW_BYTES = 4096
 CHART_MINUTES = 180
@@ -29,6 +32,36 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     """The console's not-found page: an unknown transaction, group or token, and any URL under
     /console/ that matches no page (txhub/urls.py's handler404; docs/decisions/0092)."""
     return render(request, "console/not_found.html", status=404)
+
+
+def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The console's page for a refusal (PermissionDenied under /console/: a viewer's operator
+    action, a user in no txhub group; txhub/urls.py's handler403, docs/decisions/0103): why, what
+    the user may do instead, and a way back."""
+    # A refusal before the authentication middleware ran has no user: signed in as nobody.
+    user = getattr(request, "user", None)
+    context = {
+        "reason": str(exception or ""),
+        "signed_in": user is not None and user.is_authenticated,
+        "may_view": user is not None and can_view(user),
+        "operators": OPERATORS,
+        "viewers": VIEWERS,
+        "back": came_from(request),
+    }
+    return render(request, "console/forbidden.html", context, status=403)
+
+
+def came_from(request: HttpRequest) -> str:
+    """The console page the user came from (its Referer, when it is a page of this console other
+    than this one), else the overview: a link back that needs no script."""
+    referer = request.headers.get("Referer", "")
+    parts = urlsplit(referer)
+    ours = url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    )
+    if ours and parts.path.startswith("/console/") and parts.path != request.path:
+        return f"{parts.path}?{parts.query}" if parts.query else parts.path
+    return reverse("console:overview")
 
 
 def viewer_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

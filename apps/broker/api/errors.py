@@ -198,8 +198,22 @@ def _suspicious(exception: Exception) -> tuple[int, str]:
     return 400, "The request is malformed."
 
 
-def handler400(request: HttpRequest, exception: Exception) -> Any:
+API, CONSOLE, OTHER = "api", "console", "other"
+
+
+def door_of(request: HttpRequest) -> str:
+    """Whose pages answer an error of `request`, decided here only, by its path: the API's in the
+    contract's JSON, the console's (HTML, with its navigation; docs/decisions/0092 and 0103),
+    anything else (the admin among them) Django's."""
     if request.path.startswith("/api/"):
+        return API
+    if request.path.startswith("/console/"):
+        return CONSOLE
+    return OTHER
+
+
+def handler400(request: HttpRequest, exception: Exception) -> Any:
+    if door_of(request) == API:
         status_code, message = _suspicious(exception)
         return JsonResponse(error_body(CODES[status_code], message), status=status_code)
     from django.views.defaults import bad_request
@@ -208,9 +222,16 @@ def handler400(request: HttpRequest, exception: Exception) -> Any:
 
 
 def handler403(request: HttpRequest, exception: Exception) -> Any:
-    if request.path.startswith("/api/"):
+    """A refusal (PermissionDenied), answered as its door answers: the API in the contract's JSON,
+    the console with its own page saying what the user may do (docs/decisions/0103)."""
+    door = door_of(request)
+    if door == API:
         message = "You do not have permission to perform this action."
         return JsonResponse(error_body("forbidden", message), status=403)
+    if door == CONSOLE:
+        from apps.console.views import forbidden
+
+        return forbidden(request, exception)
     from django.views.defaults import permission_denied
 
     return permission_denied(request, exception)
@@ -219,9 +240,10 @@ def handler403(request: HttpRequest, exception: Exception) -> Any:
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
     """A URL that matches no pattern, answered as its door answers: the API in the contract's
     JSON, the console with its own page (docs/decisions/0092), anything else Django's page."""
-    if request.path.startswith("/api/"):
+    door = door_of(request)
+    if door == API:
         return JsonResponse(error_body("not_found", "No such API endpoint."), status=404)
-    if request.path.startswith("/console/"):
+    if door == CONSOLE:
         from apps.console.views import not_found
 
         return not_found(request, exception)
@@ -231,7 +253,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
 
 
 def handler500(request: HttpRequest) -> Any:
-    if request.path.startswith("/api/"):
+    if door_of(request) == API:
         return JsonResponse(
             internal_error_body(),
             status=status.HTTP_500_INTERNAL_SERVER_ERROR,

@@ -57,14 +57,17 @@ def _form_post(
     title: str,
 ) -> HttpResponse:
     """One registry write from a posted form: on success a message and `done`; otherwise the form
-    again with its errors, service refusals (a name taken, a check URL refused) among them."""
+    again with its errors, service refusals (a name taken, a check URL refused) among them, and a
+    "Back" to where `done` leads (the page the form was on), which needs no script: this page's
+    own URL takes POST only (docs/decisions/0103)."""
     if form.is_valid():
         try:
             messages.success(request, write(form.cleaned_data))
             return done
         except BrokerError as error:
             form.add_error(None, error.message)
-    return render(request, "console/form_page.html", {"form": form, "title": title})
+    context = {"form": form, "title": title, "back": done["Location"]}
+    return render(request, "console/form_page.html", context)
 
 
 # Topics ------------------------------------------------------------------------------------------

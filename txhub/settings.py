@@ -96,7 +96,7 @@ CSRF_TRUSTED_ORIGINS = env_list("TXHUB_CSRF_TRUSTED_ORIGINS", "")
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "apps.broker.admin_config.TxhubAdminConfig",  # Django's admin, our site (decision 0103)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
 from apps.broker import limits
+from apps.broker.admin_site import ShownLogEntry, ShownObject, named
 from apps.broker.models import (
     ApiToken,
     AuditRecord,
@@ -86,9 +87,37 @@ class ShowsInvisibleCharacters(admin.options.BaseModelAdmin):  # type: ignore[ty
     ) -> Any:
         # The object's name in the page's title and heading (a token's __str__ is its name); the
         # breadcrumbs' is named by templates/admin/broker/change_form.html.
-        if context.get("subtitle"):
-            context["subtitle"] = name_invisible(str(context["subtitle"]))
-        return super().render_change_form(request, context, *args, **kwargs)  # type: ignore[misc]
+        return super().render_change_form(request, _named_page(context), *args, **kwargs)  # type: ignore[misc]
+
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> Any:
+        return super().render_delete_form(request, _named_page(context))  # type: ignore[misc]
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        response = super().history_view(request, object_id, extra_context)  # type: ignore[misc]
+        if isinstance(response, TemplateResponse) and response.context_data is not None:
+            _named_page(response.context_data)  # rendered later, from this very context
+        return response
+
+    def message_user(self, request: HttpRequest, message: Any, *args: Any, **kwargs: Any) -> None:
+        # "The consumer group “<name>” was deleted successfully.", and every other message.
+        super().message_user(request, named(message), *args, **kwargs)  # type: ignore[misc]
+
+
+def _named_page(context: dict[str, Any]) -> dict[str, Any]:
+    """An admin page's context with every object name it shows named (docs/decisions/0103): its
+    title, the object (breadcrumbs, the delete page's question), the objects a deletion takes or
+    that protect it, and the history's log entries."""
+    for key in ("title", "subtitle", "deleted_objects", "protected"):
+        if context.get(key):
+            context[key] = named(context[key])
+    if context.get("object") is not None:
+        context["object"] = ShownObject(context["object"])
+    history = context.get("action_list")
+    if history is not None:
+        history.object_list = [ShownLogEntry(entry) for entry in history.object_list]
+    return context
 
 
 class ReadOnlyAdmin(ShowsInvisibleCharacters, admin.ModelAdmin):  # type: ignore[type-arg]

@@ -1,17 +1,21 @@
 """The Django admin names the invisible characters of tenants' strings as the console does
-(docs/decisions/0092): a token named "invoice", U+202E, "fdp.exe" must not read "invoiceexe.pdf"
-on any list or detail page, nor in a page's title."""
+(docs/decisions/0092, 0103): a token named "invoice", U+202E, "fdp.exe" must not read
+"invoiceexe.pdf" on any list, detail, history or delete page, in a page's title, a message or the
+recent actions."""
 
 import re
 
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 from apps.broker.models import (
     ActorKind,
+    ApiToken,
     AuditRecord,
     CommitLogEntry,
+    ConsumerGroup,
     Door,
     HalfMessage,
     OpRecord,
@@ -93,3 +97,53 @@ def test_the_admin_names_invisible_characters_on_list_and_detail_pages(db: None)
         client, reverse("admin:broker_halfmessage_change", args=[rows["halfmessage"]])
     )
     assert "order[U+200B]-9527" in half_page
+
+
+def assert_named(page: str, url: str, *named: str) -> None:
+    hidden = sorted({f"U+{ord(char):04X}" for char in INVISIBLE_RE.findall(page)})
+    assert hidden == [], (url, hidden)
+    for text in named:
+        assert text in page, (url, text)
+
+
+def test_the_admins_history_pages_name_invisible_characters(db: None) -> None:
+    """The object's name in the history page's title, heading and breadcrumbs, and its log
+    entries' messages (docs/decisions/0103)."""
+    rows = seed()
+    root = User.objects.create_superuser("root")
+    client = Client()
+    client.force_login(root)
+    # The admin writes no entry for these read-only rows; one as Django's admin writes them.
+    token = ApiToken.objects.get(name=SPOOF)
+    LogEntry.objects.log_actions(
+        user_id=root.pk, queryset=[token], action_flag=CHANGE, change_message=f"Renamed {SPOOF}"
+    )
+    for model, pk in rows.items():
+        url = reverse(f"admin:broker_{model}_history", args=[pk])
+        page = shown_text(client, url)
+        assert_named(page, url)
+    url = reverse("admin:broker_apitoken_history", args=[rows["apitoken"]])
+    page = shown_text(client, url)
+    assert re.search(rf"<title>Change history: {re.escape(NAMED)}", page), "the page's title"
+    assert f"<td>Renamed {NAMED}</td>" in page, "the entry's message"
+    url = reverse("admin:broker_auditrecord_history", args=[rows["auditrecord"]])
+    assert_named(shown_text(client, url), url, f"by {NAMED}")
+
+
+def test_the_admins_delete_page_message_and_recent_actions_name_invisible_characters(
+    db: None,
+) -> None:
+    """A consumer group with a zero-width joiner in its name: no door makes one (check_name), so
+    it is written with the ORM, as a row from elsewhere would be (docs/decisions/0103)."""
+    group = ConsumerGroup.objects.create(name="pay\u200dments", max_delivery_attempts=3)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root"))
+    url = reverse("admin:broker_consumergroup_delete", args=[group.pk])
+    page = shown_text(client, url)
+    assert_named(page, url, '"pay[U+200D]ments"', "Consumer group: pay[U+200D]ments, with")
+    deleted = client.post(url, {"post": "yes"}, follow=True)
+    assert not ConsumerGroup.objects.filter(pk=group.pk).exists()
+    assert_named(deleted.content.decode(), "after", "group “pay[U+200D]ments” was deleted")
+    index = shown_text(client, reverse("admin:index"))
+    sidebar = index[index.index('id="recent-actions-module"') :]
+    assert_named(sidebar, "the recent actions", "pay[U+200D]ments")

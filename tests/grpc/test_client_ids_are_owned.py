@@ -53,13 +53,15 @@ def test_another_token_naming_a_victims_client_id_takes_nothing_and_checks_reach
     assert intruder_stream.settings(intruder.topic).status.code == pb.Code.OK
     heartbeat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
     assert stub.Heartbeat(heartbeat, metadata=stolen_meta).status.code == pb.Code.OK
+    intruders = GrpcClient.objects.get(client_id=VICTIM_ID, token_id=intruder.token_id)
+    assert intruders.group == intruder.producer  # a client of the intruder's own
     goodbye = rpc.NotifyClientTerminationRequest()
     assert stub.NotifyClientTermination(goodbye, metadata=stolen_meta).status.code == pb.Code.OK
     row = GrpcClient.objects.get(client_id=VICTIM_ID, token_id=victim.token_id)
     assert (row.token_id, row.group) == (victim.token_id, victim.producer)
     assert row.stream_process, "the victim's stream is no longer the one held"
-    own = GrpcClient.objects.get(client_id=VICTIM_ID, token_id=intruder.token_id)
-    assert (own.group, own.stream_process) == (intruder.producer, "")  # it said goodbye
+    # It said goodbye: its own client's row is gone (decision 0101), the victim's stays.
+    assert not GrpcClient.objects.filter(client_id=VICTIM_ID, token_id=intruder.token_id).exists()
     # Positive control: the intruder's token works under a client id of its own.
     own = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
     own_meta = signed(grpc_server, intruder, "intruder-host@1@0@producer")
@@ -161,5 +163,5 @@ def test_a_producer_that_says_goodbye_is_no_longer_asked_to_check(
     goodbye = stub.NotifyClientTermination(rpc.NotifyClientTerminationRequest(), metadata=meta)
     assert goodbye.status.code == pb.Code.OK
     assert asked() == []
-    row = GrpcClient.objects.get(client_id=client_id)
-    assert (row.token_id, row.stream_process) == (producer.token_id, "")
+    # Its row is deleted, not kept for the sweep (decision 0101): its place is free at once.
+    assert not GrpcClient.objects.filter(client_id=client_id).exists()

@@ -93,8 +93,10 @@ def test_node_producer_sends_commits_is_checked_back_and_simple_consumer_acks(
     checks = list(OpRecord.objects.filter(half=checked, op="CHECK").order_by("id"))
     applied = [c.detail for c in checks if c.detail.get("applied")]
     assert [(d["answer"], d["via"]) for d in applied] == [("COMMIT", "telemetry")], checks
-    producer = GrpcClient.objects.get(client_id=applied[0]["client_id"])
-    assert (producer.client_type, producer.group) == ("PRODUCER", setup.producer)
+    # The check went to a producer stream of the setup's token (its one produce group). The
+    # client said goodbye on shutdown, which deletes its row (decision 0101): nothing is left.
+    assert applied[0]["token_id"] == setup.token_id
+    assert not GrpcClient.objects.filter(client_id=applied[0]["client_id"]).exists()
 
     got = run_node(node_client, "simple", grpc_server, setup, expect=4)["received"]
     by_id = {item["id"]: item for item in got}

@@ -360,16 +360,14 @@ def test_a_client_id_b_holds_is_a_client_of_a_s_and_b_s_stays_as_it_was(
     before = b_rows(t)
     beat = rpc.HeartbeatRequest(client_type=pb.PRODUCER)
     goodbye = rpc.NotifyClientTerminationRequest()
-    answers = [
-        [
-            stub.Heartbeat(beat, metadata=meta).status,
-            stub.NotifyClientTermination(goodbye, metadata=meta).status,
-        ]
-        for meta in (stolen, fresh)
-    ]
+    beats = [stub.Heartbeat(beat, metadata=meta).status for meta in (stolen, fresh)]
+    assert GrpcClient.objects.get(client_id=B_CLIENT, token_id=t.a.token_id).group == t.a.producer
+    byes = [stub.NotifyClientTermination(goodbye, metadata=meta).status for meta in (stolen, fresh)]
+    answers = [[beat_answer, bye] for beat_answer, bye in zip(beats, byes, strict=True)]
     assert answers[0] == answers[1], answers
     assert [answer.code for answer in answers[0]] == [pb.Code.OK, pb.Code.OK]
-    assert GrpcClient.objects.get(client_id=B_CLIENT, token_id=t.a.token_id).group == t.a.producer
+    # A's goodbye deleted A's client under that id (decision 0101), and nothing of B's.
+    assert not GrpcClient.objects.filter(client_id=B_CLIENT, token_id=t.a.token_id).exists()
     assert b_rows(t) == before
     # The positive control: B's client id is still B's, and B may use it.
     assert stub.Heartbeat(beat, metadata=t.b_meta).status.code == pb.Code.OK

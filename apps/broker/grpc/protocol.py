@@ -21,6 +21,7 @@ from apps.broker.services.errors import (
     Forbidden,
     NotFound,
     Throttled,
+    Unauthenticated,
     Unavailable,
     database_unreachable,
 )
@@ -57,6 +58,8 @@ def refusal_of(error: BrokerError, *, not_found: int = Code.NOT_FOUND) -> Refusa
         return Refusal(Code.HA_NOT_AVAILABLE, error.message)
     if isinstance(error, Throttled):
         return Refusal(Code.TOO_MANY_REQUESTS, error.message)
+    if isinstance(error, Unauthenticated):
+        return Refusal(Code.UNAUTHORIZED, error.message)
     if isinstance(error, NotFound):
         return Refusal(not_found, error.message)
     if isinstance(error, Forbidden):

@@ -5,11 +5,15 @@ or closes; read by check-back (which process holds a producer's stream) and by t
 
 Two rules live here and nowhere else (docs/decisions/0034): a client id is scoped to the token
 that uses it, so one id under two tokens is two clients and no token can take or learn of
-another's (decision 0100), and belongs to its group (`client_claim`, called by every write of a
-client row, which also refuses a blank or over-long id: limits.check_client_id); a check is sent
-on a stream only while the stream's token holds `produce:<group>` of the transaction
-(`stream_may_check`, read when the check is forwarded). Every lookup by client id here takes the
-caller's token too."""
+another's (decision 0100), and belongs to its group (`client_claim`, called by every write that
+makes or changes a client row, which also refuses a blank or over-long id:
+limits.check_client_id); a check is sent on a stream only while the stream's token holds
+`produce:<group>` of the transaction (`stream_may_check`, read when the check is forwarded).
+Every lookup by client id here takes the caller's token too.
+
+A token has a row only for a client that established itself (a Heartbeat, Telemetry settings, a
+stream opened) and has not left: a goodbye deletes the client's row and stores nothing for an id
+the token has none of, and revoking the token deletes all of its rows (decision 0101)."""
 
 from datetime import timedelta
 
@@ -20,7 +24,7 @@ from django.utils import timezone
 
 from apps.broker import access, limits
 from apps.broker.models import GrpcClient
-from apps.broker.services.errors import Forbidden
+from apps.broker.services.errors import Forbidden, Unauthenticated
 
 # The advisory lock (this class, a token id) under which a token's client ids are counted before
 # one more is taken: two claims of new ids at once would both count one below the cap and both
@@ -28,11 +32,20 @@ from apps.broker.services.errors import Forbidden
 TOKEN_CLIENTS_LOCK = 0x7478_636C  # "txcl"
 
 
-def _count_token_clients(token_id: int) -> None:
-    """limits.check_token_clients on the token's client ids not yet forgotten; in the claim's
-    transaction, holding TOKEN_CLIENTS_LOCK to its end."""
+def _lock_token_clients(token_id: int) -> None:
+    """TOKEN_CLIENTS_LOCK of the token, held to the end of the caller's transaction."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s::int)", [TOKEN_CLIENTS_LOCK, token_id])
+
+
+def _count_token_clients(token_id: int) -> None:
+    """limits.check_token_clients on the token's client ids not yet forgotten; in the claim's
+    transaction, holding TOKEN_CLIENTS_LOCK to its end. A token revoked since its caller was
+    authenticated is Unauthenticated: read after the lock, so a revocation that committed
+    meanwhile (and deleted the token's rows under the same lock) is seen (decision 0101)."""
+    _lock_token_clients(token_id)
+    if access.by_id(token_id) is None:
+        raise Unauthenticated("The access key was revoked.")
     forgotten = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_FORGET_SECONDS)
     live = GrpcClient.objects.filter(token_id=token_id, seen_at__gte=forgotten).count()
     limits.check_token_clients(live)
@@ -44,7 +57,8 @@ def client_claim(*, client_id: str, token_id: int, group: str = "") -> GrpcClien
     uses the same id (decision 0100). An id the token uses for another group is refused
     (Forbidden) and nothing changes. A blank or over-long id is refused (limits.LimitError, field
     `client_id`) before anything is read, and so is a new id of a token that has
-    TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (decision 0084)."""
+    TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN (decision 0084), or of a token revoked meanwhile
+    (Unauthenticated, decision 0101)."""
     limits.check_client_id(client_id)
     for _ in range(2):
         # Lock: two calls of the token creating the same new id at once; the second waits for
@@ -125,11 +139,23 @@ def client_stream_closed(*, client_id: str, token_id: int, process: str) -> None
 
 
 def client_terminated(*, client_id: str, token_id: int) -> None:
-    """Raises Forbidden when the id is not the caller's (client_claim)."""
-    with transaction.atomic():
-        client = client_claim(client_id=client_id, token_id=token_id)
-        client.stream_process, client.seen_at = "", timezone.now() - timedelta(days=1)
-        client.save()
+    """A client's goodbye: its row is deleted, so it is asked no check and frees its place under
+    TXHUB_GRPC_MAX_CLIENTS_PER_TOKEN at once. An id the token has no row of is no client of the
+    token's: nothing is stored and the goodbye is answered as any other (decision 0101). A blank
+    or over-long id is refused (limits.LimitError), as every call that names one."""
+    limits.check_client_id(client_id)
+    GrpcClient.objects.filter(token_id=token_id, client_id=client_id).delete()
+
+
+def token_clients_forget(*, token_id: int) -> int:
+    """Deletes every client row of a token being revoked, in the revocation's transaction (a
+    revoked token calls nothing more: its rows would only wait for the sweep); returns how many.
+    Under TOKEN_CLIENTS_LOCK: a claim of a new id by a call authenticated just before the
+    revocation either finishes first, and its row is deleted here, or comes after and finds the
+    token revoked (decision 0101)."""
+    _lock_token_clients(token_id)
+    deleted, _ = GrpcClient.objects.filter(token_id=token_id).delete()
+    return deleted
 
 
 def stream_may_check(*, token_id: int, producer_group: str) -> bool:

@@ -29,6 +29,14 @@ class Forbidden(BrokerError):
     status = 403
 
 
+class Unauthenticated(BrokerError):
+    """The caller's token is unknown or revoked: found by work that began while it was live (a
+    client id claimed by a call authenticated just before its token's revocation)."""
+
+    code = "unauthenticated"
+    status = 401
+
+
 class QuotaExceeded(Forbidden):
     """The producer group keeps its storage quota's worth of messages or more
     (TXHUB_PRODUCER_GROUP_STORAGE_QUOTA, docs/decisions/0085): it may not store more until

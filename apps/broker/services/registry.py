@@ -17,7 +17,7 @@ from apps.broker.models import (
     ProducerGroup,
     Topic,
 )
-from apps.broker.services import group_locks, retention
+from apps.broker.services import clients, group_locks, retention
 from apps.broker.services.audit import SYSTEM, Origin, audit_record, url_shown
 from apps.broker.services.callbacks import callback_url_check, new_signing_secret
 from apps.broker.services.credentials import new_access_key
@@ -315,6 +315,8 @@ def token_revoke(*, token_id: int, origin: Origin = SYSTEM) -> None:
     name = ApiToken.objects.filter(id=token_id).values_list("name", flat=True).first()
     if name is None:
         raise NotFound(f"Token {token_id} does not exist.")
+    # Its RocketMQ clients are forgotten with it, in this transaction (decision 0101).
+    clients.token_clients_forget(token_id=token_id)
     if revoked:  # revoking a revoked token records nothing (decision 0039)
         audit_record(
             action=AuditAction.TOKEN_REVOKE,

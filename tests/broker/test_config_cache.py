@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from apps.broker import config_cache, selectors
 from apps.broker.models import ApiToken, ConsumerGroup
 from apps.broker.services import registry
-from tests.support.redis_outage import shared_cache_unreachable
+from tests.support.redis_outage import epoch_once_redis_is_asked_again, shared_cache_unreachable
 from tests.support.responses import assert_error, expect
 
 CONFIG_TABLES = (
@@ -170,16 +170,6 @@ def test_a_scheduled_revocation_holds_from_its_time(setup_topic: Any) -> None:
     expect(send(producer, names), 201)  # cached with its revocation time
     time.sleep(0.6)
     assert_error(send(producer, names), 401, "unauthenticated")
-
-
-def epoch_once_redis_is_asked_again() -> str:
-    """The configuration epoch, once this process asks Redis for it again: after a failed read it
-    does not ask for OUTAGE_PAUSE, and current() answers None meanwhile (config_cache.py)."""
-    deadline = time.monotonic() + config_cache.OUTAGE_PAUSE + 1.0  # a busy machine's margin
-    while (epoch := config_cache.current()) is None:
-        assert time.monotonic() < deadline, "the configuration cache did not read Redis again"
-        time.sleep(0.05)
-    return epoch
 
 
 def test_without_redis_nothing_is_cached_and_no_change_is_made_unknown(

@@ -199,12 +199,17 @@ def clients_connected(*, group: str | None = None) -> QuerySet[GrpcClient]:
 
 
 def producers_with_stream(*, group: str, topic: str) -> list[GrpcClient]:
-    """Producers of `group` whose Telemetry stream is open on some gRPC process, those that
-    publish `topic` first (a producer that never named its topics may still check it)."""
+    """Producers of `group` whose Telemetry stream is open on some gRPC process and whose token
+    may receive a check of the group now (`stream_may_check`: a stream of a token revoked or
+    narrowed since it opened would refuse the check and waste the round, every round, while
+    another producer could answer), those that publish `topic` first (a producer that never
+    named its topics may still check it)."""
     recent = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_TTL)
-    rows = list(
-        GrpcClient.objects.filter(group=group, client_type="PRODUCER", seen_at__gte=recent).exclude(
-            stream_process=""
-        )
-    )
+    rows = [
+        row
+        for row in GrpcClient.objects.filter(
+            group=group, client_type="PRODUCER", seen_at__gte=recent
+        ).exclude(stream_process="")
+        if stream_may_check(token_id=row.token_id, producer_group=group)
+    ]
     return sorted(rows, key=lambda c: (topic not in c.topics, -c.seen_at.timestamp()))

@@ -149,11 +149,21 @@ def check_text(value: str) -> str:
 
 
 def check_name(value: str, *, what: str) -> str:
+    """A topic's or group's name: called by the registry's writes (docs/decisions/0106) and by
+    every door that answers before them (a field, a lookup)."""
     if not NAME_RE.fullmatch(value):
         raise LimitError(f"{what} must match ^[A-Za-z0-9_-]{{1,127}}$.")
     if value.lower().startswith(RESERVED_PREFIXES):
         raise LimitError(f"{what} must not start with a reserved prefix (rmq_sys_, txhub_).")
     return value
+
+
+def check_token_name(value: str) -> str:
+    """A token's name: a label only, never in a scope or a route, so any storable text of 1 to
+    MAX_NAME_CHARS characters (the console names its invisible characters; decision 0106)."""
+    if not 1 <= len(value) <= MAX_NAME_CHARS:
+        raise LimitError(f"A token's name has 1 to {MAX_NAME_CHARS} characters.")
+    return check_text(value)
 
 
 def check_tag(value: str) -> str:

@@ -32,8 +32,18 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+def _name_checked(name: str) -> str:
+    """A new topic's or group's name, or the 400 about the `name` field every door answers
+    with: the rule is the registry's, whichever door called (docs/decisions/0106)."""
+    try:
+        return limits.check_name(name, what="name")
+    except limits.LimitError as error:
+        raise invalid("name", str(error)) from None
+
+
 @transaction.atomic
 def topic_create(*, name: str, queues: int) -> Topic:
+    _name_checked(name)
     try:
         with transaction.atomic():
             topic = Topic.objects.create(name=name, queues=queues)
@@ -48,6 +58,7 @@ def topic_create(*, name: str, queues: int) -> Topic:
 def producer_group_create(*, name: str, check_url: str = "") -> ProducerGroup:
     # No check URL: a group whose producers are RocketMQ clients, checked over their Telemetry
     # stream (with neither, a check is "unreachable": it backs off and uses no budget).
+    _name_checked(name)
     if check_url:
         callback_url_check(check_url)
     try:
@@ -126,6 +137,7 @@ def consumer_group_create(
 ) -> ConsumerGroup:
     """`fifo`: set once, at creation (docs/decisions/0054): turning it on or off under consumers
     that hold messages would make the order they were promised a different one."""
+    _name_checked(name)
     try:
         return ConsumerGroup.objects.create(
             name=name,
@@ -285,7 +297,12 @@ def consumer_group_bind_topics(
 @transaction.atomic  # the token and its audit record are stored together or not at all
 def token_create(*, name: str, scopes: list[str], origin: Origin = SYSTEM) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
-    try:  # the scope rules hold at every door that makes a token: REST, console, commands
+    # The name and scope rules hold at every door that makes a token: REST, console, commands.
+    try:
+        limits.check_token_name(name)
+    except limits.LimitError as error:
+        raise invalid("name", str(error)) from None
+    try:
         scopes = limits.check_scopes(scopes)
     except limits.LimitError as error:
         raise invalid("scopes", str(error)) from None

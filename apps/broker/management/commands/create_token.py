@@ -3,9 +3,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.broker import limits
 from apps.broker.services import credentials, registry
 from apps.broker.services.audit import origin_of_cli
+from apps.broker.services.errors import BrokerError
 
 
 class Command(BaseCommand):
@@ -26,13 +26,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # The name and scope rules are the service's (docs/decisions/0106); its refusal is the
+        # command's error, and nothing is stored.
         try:
-            scopes = [limits.check_scope(scope) for scope in options["scope"]]
-        except limits.LimitError as error:
-            raise CommandError(str(error)) from None
-        token, raw = registry.token_create(
-            name=options["name"], scopes=scopes, origin=origin_of_cli()
-        )
+            token, raw = registry.token_create(
+                name=options["name"], scopes=options["scope"], origin=origin_of_cli()
+            )
+        except BrokerError as error:
+            raise CommandError(error.message) from None
         keys = credentials.of(token)
         if options["json"]:
             self.stdout.write(json.dumps({"id": token.pk, "token": raw, **keys}))

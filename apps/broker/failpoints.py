@@ -36,6 +36,7 @@ SITES = frozenset(
         "during_check_call",
         "after_fifo_heads_read",
         "after_idempotency_key_read",
+        "after_delayed_due_read",
     }
 )
 _ACTION = re.compile(

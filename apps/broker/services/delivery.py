@@ -10,7 +10,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from apps.broker import limits
+from apps.broker import failpoints, limits
 from apps.broker.metrics import DELAY_LATENESS, observe_all
 from apps.broker.models import DelayedMessage
 from apps.broker.services import scans, storage_usage
@@ -78,6 +78,8 @@ def delayed_deliver_due(*, limit: int | None = None) -> int:
         due = scans.load_rows(
             DelayedMessage.objects.select_related("topic"), ids, scan="delayed_delivery"
         )
+        if failpoints.ARMED:
+            failpoints.hit("after_delayed_due_read")
         # Offsets in (topic, queue) order: every appending transaction takes queue locks in the
         # same order, so two scans, or a scan and a send batch, cannot deadlock on them (not in
         # the order due, decision 0093). One append per queue.

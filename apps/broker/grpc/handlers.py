@@ -4,6 +4,7 @@ its RPC's message (cut off, corrupt, a string field of invalid UTF-8) is answere
 protocol's terms, the RPC's response with status BAD_REQUEST, before the caller is checked and
 with nothing stored; never grpcio's bare UNKNOWN naming a Python class (docs/decisions/0097)."""
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -50,19 +51,32 @@ def _unary_unary(behaviour: Callable[..., Awaitable[Any]], refused: Callable[[],
     return handle
 
 
+async def _write(context: Any, answer: Any) -> None:
+    """Writes one answer of a streaming RPC, the only place they are written. A write the core
+    refuses (grpc.aio's InternalError, its ExecuteBatchError) means the call is over: the client
+    cancelled, its deadline passed or its connection went. That is a client leaving, not an
+    error: the RPC ends as one grpc sees cancelled ends, one DEBUG line, nothing more written
+    (grpc logged the refused write at ERROR with a traceback when it had not seen the cancel
+    yet). Any other failure, the answers' own included, is logged as an error (decision 0104)."""
+    try:
+        await context.write(answer)
+    except grpc.aio.InternalError:
+        raise asyncio.CancelledError from None
+
+
 def _unary_stream(
     behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any]
 ) -> Any:
     # The stream's first and only answer carries the status, as every other refusal of a
     # ReceiveMessage (the clients read a receive's status from its answers). The servicer's
-    # stream is closed with this one (aclosing), as grpcio closes the stream it is given.
-    async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
+    # stream is closed when this handler ends, however it ends (aclosing).
+    async def handle(request: Any, context: Any) -> None:
         if request is UNDECODABLE:
-            yield refused()
+            await _write(context, refused())
             return
         async with contextlib.aclosing(behaviour(request, context)) as answers:
             async for answer in answers:
-                yield answer
+                await _write(context, answer)
 
     return handle
 
@@ -72,8 +86,8 @@ def _stream_stream(
 ) -> Any:
     # The client's requests end at the one that is not a message, as if it had half-closed:
     # the stream answers what it had queued, then the status, and ends (the client reopens it).
-    # The servicer's stream is closed with this one (aclosing).
-    async def handle(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    # The servicer's stream is closed when this handler ends, however it ends (aclosing).
+    async def handle(requests: AsyncIterator[Any], context: Any) -> None:
         undecodable_met = False
 
         async def decoded() -> AsyncIterator[Any]:
@@ -86,9 +100,9 @@ def _stream_stream(
 
         async with contextlib.aclosing(behaviour(decoded(), context)) as answers:
             async for answer in answers:
-                yield answer
+                await _write(context, answer)
         if undecodable_met:
-            yield refused()
+            await _write(context, refused())
 
     return handle
 

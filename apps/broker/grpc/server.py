@@ -27,8 +27,9 @@ def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-async def serve(*, host: str, port: int) -> None:
-    process = process_name()
+def new_server(*, process: str) -> grpc.aio.Server:
+    """The MessagingService on a grpc.aio server with its bounds, no port yet (a test serves the
+    same one in its own process: tests/support/grpc_in_process.py)."""
     server = grpc.aio.server(
         # What one client or many may hold of this process (docs/decisions/0037).
         maximum_concurrent_rpcs=settings.TXHUB_GRPC_MAX_CONCURRENT_RPCS,
@@ -50,6 +51,12 @@ async def serve(*, host: str, port: int) -> None:
     )
     # Every RPC's handler, answering request bytes that are not its message (decision 0097).
     handlers.add_to_server(MessagingService(process=process), server)
+    return server
+
+
+async def serve(*, host: str, port: int) -> None:
+    process = process_name()
+    server = new_server(process=process)
     address = f"{host}:{port}"
     if settings.TXHUB_GRPC_TLS_CERT and settings.TXHUB_GRPC_TLS_KEY:
         credentials = grpc.ssl_server_credentials(

@@ -1,0 +1,144 @@
+"""A ReceiveMessage the client cancels while its answers are being written (a consumer shutting
+down, a client's deadline): a client leaving is normal, and the server logs it as grpc logs any
+cancelled RPC, one DEBUG line, never an ERROR with a traceback (grpc.aio's ExecuteBatchError
+from the failed write, which it logged at ERROR when it had not yet seen the cancel). The
+messages the receive had reserved stay in flight and become visible again after their invisible
+time, nothing lost (decision 0104). A real error in the same place is still an ERROR.
+
+The server is txhub's own, served in the test's process so that caplog sees its log
+(tests/support/grpc_in_process.py); the client is grpcio's, over a real connection."""
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from django.utils import timezone
+from google.protobuf.duration_pb2 import Duration
+from rocketmq import ClientConfiguration, Credentials
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as rpc
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+from rocketmq.v5.util.signature import Signature
+
+from apps.broker import limits
+from apps.broker.models import CommitLogEntry, Delivery, DeliveryState, Topic
+from apps.broker.services import sending
+from tests.grpc.conftest import Setup
+from tests.support.grpc_in_process import grpc_in_process
+from tests.support.waiting import wait_until
+
+# More than the connection's flow-control window holds: the server's writes wait for the client
+# to read, and the cancel finds one of them under way.
+MESSAGES = 16
+BODY = 1024 * 1024
+INVISIBLE = limits.MIN_INVISIBLE_SECONDS
+BOUND = 30.0  # seconds a step may take (a bound, not a measurement)
+RECEIVE = "/apache.rocketmq.v2.MessagingService/ReceiveMessage"
+
+
+@pytest.fixture
+def endpoint(transactional_db: None) -> Iterator[str]:
+    with grpc_in_process() as address:
+        yield address
+
+
+def metadata(endpoint: str, setup: Setup) -> list[tuple[str, str]]:
+    config = ClientConfiguration(endpoint, Credentials(setup.access_key, setup.secret_key))
+    return list(Signature.metadata(config, "client-cancelling"))
+
+
+def receive_request(setup: Setup) -> Any:
+    return rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=setup.consumer),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=setup.topic), id=-1),
+        batch_size=MESSAGES,
+        invisible_duration=Duration(seconds=INVISIBLE),
+        long_polling_timeout=Duration(seconds=0),
+    )
+
+
+def in_flight() -> int:
+    return Delivery.objects.filter(state=DeliveryState.INFLIGHT).count()
+
+
+def received_messages(stub: MessagingServiceStub, meta: Any, setup: Setup) -> list[Any]:
+    """The messages one receive gets (each with its delivery attempt)."""
+    answers = list(stub.ReceiveMessage(receive_request(setup), metadata=meta, timeout=BOUND))
+    return [answer.message for answer in answers if answer.HasField("message")]
+
+
+def about_the_receive(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """What the server logged naming the ReceiveMessage RPC: (level, message)."""
+    records = list(caplog.records)
+    return [(r.levelno, r.getMessage()) for r in records if RECEIVE in r.getMessage()]
+
+
+def send(setup: Setup, count: int) -> None:
+    topic = Topic.objects.get(name=setup.topic)
+    for n in range(count):
+        sending.message_send(
+            topic=topic,
+            message=sending.OutgoingMessage(setup.producer, bytes([n]) * BODY, False),
+        )
+
+
+def test_a_receive_cancelled_while_answering_logs_no_error_and_loses_nothing(
+    endpoint: str,
+    rocketmq_setup: Callable[..., Setup],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    setup = rocketmq_setup()
+    meta = metadata(endpoint, setup)
+    send(setup, MESSAGES)
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        call = stub.ReceiveMessage(receive_request(setup), metadata=meta, timeout=BOUND)
+        # Reserved: every message is in flight for this receive, whose answers wait to be read.
+        wait_until(lambda: in_flight() == MESSAGES, timeout=BOUND)
+        first = next(call)
+        assert first.status.code == pb.Code.OK, first.status
+        call.cancel()
+        # The cancel itself is one DEBUG line, grpc's own for any RPC a client cancels.
+        wait_until(lambda: about_the_receive(caplog), timeout=BOUND)
+        assert about_the_receive(caplog) == [
+            (logging.DEBUG, f"RPC cancelled for servicer method [{RECEIVE}]")
+        ]
+        # Nothing lost, nothing handed out twice: still reserved for the cancelled receive...
+        assert received_messages(stub, meta, setup) == []
+        assert in_flight() == MESSAGES
+        # ...and visible again once their invisible time is over, as for any consumer that
+        # never acked them: the next receive gets each of them, its second delivery.
+        ends = Delivery.objects.values_list("invisible_until", flat=True)
+        time.sleep(max(0.0, (max(ends) - timezone.now()).total_seconds()) + 0.5)
+        again = received_messages(stub, meta, setup)
+    assert sorted(m.body[0] for m in again) == list(range(MESSAGES))
+    assert {m.system_properties.delivery_attempt for m in again} == {2}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
+    assert len(about_the_receive(caplog)) == 1
+
+
+def test_an_answer_that_cannot_be_written_is_still_an_error(
+    endpoint: str,
+    rocketmq_setup: Callable[..., Setup],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A real failure where the answers are written, a stored message the protocol cannot
+    carry (a property that is not a string), is logged as an error with its traceback."""
+    setup = rocketmq_setup()
+    meta = metadata(endpoint, setup)
+    send(setup, 1)
+    CommitLogEntry.objects.update(properties={"order": 9527})
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as failed:
+            received_messages(stub, meta, setup)
+    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+    [error] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "ReceiveMessage" in error.getMessage()
+    assert error.exc_info is not None
+    assert error.exc_info[0] is TypeError

@@ -128,7 +128,8 @@ def test_an_answer_that_cannot_be_written_is_still_an_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A real failure where the answers are written, a stored message the protocol cannot
-    carry (a property that is not a string), is logged as an error with its traceback."""
+    carry (a property that is not a string), is logged as an error with its traceback, and the
+    client is told INTERNAL in plain words, not grpcio's UNKNOWN naming a Python class."""
     setup = rocketmq_setup()
     meta = metadata(endpoint, setup)
     send(setup, 1)
@@ -137,7 +138,8 @@ def test_an_answer_that_cannot_be_written_is_still_an_error(
         stub = MessagingServiceStub(channel)
         with pytest.raises(grpc.RpcError) as failed:
             received_messages(stub, meta, setup)
-    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert failed.value.details() == "Internal error."
     [error] = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert "ReceiveMessage" in error.getMessage()
     assert error.exc_info is not None

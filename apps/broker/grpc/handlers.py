@@ -6,6 +6,7 @@ with nothing stored; never grpcio's bare UNKNOWN naming a Python class (docs/dec
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from google.protobuf.message_factory import GetMessageClass
 from apps.broker.grpc.protocol import Code, rpc, status
 
 SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
+log = logging.getLogger("txhub.grpc")
 
 
 class _Undecodable:
@@ -64,8 +66,23 @@ async def _write(context: Any, answer: Any) -> None:
         raise asyncio.CancelledError from None
 
 
+@contextlib.asynccontextmanager
+async def _failures_told_plainly(context: Any, name: str) -> AsyncIterator[None]:
+    """A stream that fails after its first answer cannot carry the failure in an answer's
+    status any more: it ends with gRPC's INTERNAL and the words every unary RPC's failure gets,
+    never grpcio's UNKNOWN naming a Python class (as decision 0097 for requests). The failure is
+    logged with its traceback here (decision 0104)."""
+    try:
+        yield
+    except grpc.aio.AbortError:
+        raise  # an RPC ended on purpose, with its own status
+    except Exception:
+        log.exception("gRPC %s failed", name)
+        await context.abort(grpc.StatusCode.INTERNAL, "Internal error.")
+
+
 def _unary_stream(
-    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any]
+    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any], name: str
 ) -> Any:
     # The stream's first and only answer carries the status, as every other refusal of a
     # ReceiveMessage (the clients read a receive's status from its answers). The servicer's
@@ -74,7 +91,10 @@ def _unary_stream(
         if request is UNDECODABLE:
             await _write(context, refused())
             return
-        async with contextlib.aclosing(behaviour(request, context)) as answers:
+        async with (
+            _failures_told_plainly(context, name),
+            contextlib.aclosing(behaviour(request, context)) as answers,
+        ):
             async for answer in answers:
                 await _write(context, answer)
 
@@ -82,7 +102,7 @@ def _unary_stream(
 
 
 def _stream_stream(
-    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any]
+    behaviour: Callable[..., AsyncGenerator[Any, None]], refused: Callable[[], Any], name: str
 ) -> Any:
     # The client's requests end at the one that is not a message, as if it had half-closed:
     # the stream answers what it had queued, then the status, and ends (the client reopens it).
@@ -98,7 +118,10 @@ def _stream_stream(
                     return
                 yield request
 
-        async with contextlib.aclosing(behaviour(decoded(), context)) as answers:
+        async with (
+            _failures_told_plainly(context, name),
+            contextlib.aclosing(behaviour(decoded(), context)) as answers,
+        ):
             async for answer in answers:
                 await _write(context, answer)
         if undecodable_met:
@@ -122,12 +145,14 @@ def _handler(servicer: Any, method: MethodDescriptor) -> grpc.RpcMethodHandler:
     }
     if method.client_streaming and method.server_streaming:
         return grpc.stream_stream_rpc_method_handler(
-            _stream_stream(behaviour, refused), **arguments
+            _stream_stream(behaviour, refused, method.name), **arguments
         )
     if method.client_streaming:
         raise NotImplementedError(f"{method.name}: no client-streaming RPC is served")
     if method.server_streaming:
-        return grpc.unary_stream_rpc_method_handler(_unary_stream(behaviour, refused), **arguments)
+        return grpc.unary_stream_rpc_method_handler(
+            _unary_stream(behaviour, refused, method.name), **arguments
+        )
     return grpc.unary_unary_rpc_method_handler(_unary_unary(behaviour, refused), **arguments)
 
 

@@ -4,6 +4,7 @@ the victim. An EndTransaction(SOURCE_SERVER_CHECK) with no check outstanding to 
 is the producer's own resolution. Raw stubs on the real gRPC server; the check is sent by the
 check-back service the Celery task runs, through Redis to the server's listener."""
 
+import json
 from typing import Any
 
 import pytest
@@ -12,12 +13,13 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker.models import ApiToken, GrpcClient, HalfMessage, OpRecord
-from apps.broker.services import checkback, clients
+from apps.broker.services import checkback, checkback_stream, clients
 from tests.e2e.conftest import TEST_BROKER_URL
 from tests.grpc.conftest import GrpcServer, Setup
 from tests.support import workers
 from tests.support.grpc import WAIT, Telemetry, prepare_raw, signed
 from tests.support.waiting import wait_until
+from txhub.redis_sentinel import broker_client
 
 pytestmark = pytest.mark.e2e
 
@@ -130,13 +132,22 @@ def test_a_check_is_not_sent_on_a_stream_whose_token_lost_the_producer_scope(
     assert command is not None
     assert command.recover_orphaned_transaction_command.transaction_id == str(before.transaction_id)
     # An operator narrows the token (as the admin's save does): the open stream stays, but the
-    # next check is not sent on it (read when it is forwarded, not when the stream opened).
+    # next check is not sent on it. The rule changed with decision 0101's addendum: check-back
+    # no longer picks the stream (the group has no other producer and no check URL, so the
+    # check is unreachable); it used to be handed to the process, which refused it.
+    row = GrpcClient.objects.get(token_id=setup.token_id, client_id="narrowed-host@1@0@producer")
     token = ApiToken.objects.get(pk=setup.token_id)
     token.scopes = [f"consume:{setup.consumer}"]
     token.save()
+    assert checkback.checkback_run(half_id=after.pk) == "unreachable"
+    # A check picked just before the narrowing reaches the process after it: the process reads
+    # the token when it forwards the check, and sends nothing on the stream.
     log = workers.log_path("test-grpc.log")
     refusals = log.read_text().count(REFUSED_LINE)
-    assert checkback.checkback_run(half_id=after.pk) == "unknown"  # handed to the process
+    picked = {"transaction_id": str(after.transaction_id), "client_id": row.client_id}
+    with broker_client() as redis:
+        channel = checkback_stream.CHANNEL_PREFIX + row.stream_process
+        assert redis.publish(channel, json.dumps(picked | {"token_id": row.token_id})) == 1
     assert wait_until(lambda: log.read_text().count(REFUSED_LINE) > refusals, timeout=WAIT)
     assert stream.incoming.empty(), stream.incoming.get()
 

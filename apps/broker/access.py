@@ -32,12 +32,19 @@ ADMIN = "admin"  # every group of every kind, and the registry
 
 # The revocation rule: a token is revoked once its `revoked_at` is set and not in the future (a
 # future time is a scheduled revocation). `revoked` states it for a row read into Python,
-# REVOKED_SQL for a query over broker_apitoken (the wake-up hub's catch-up, wakeups.py).
+# REVOKED_SQL for a query over broker_apitoken (the wake-up hub's catch-up, wakeups.py),
+# `not_revoked_by` for the tokens a revocation may still revoke (registry.token_revoke).
 REVOKED_SQL = "revoked_at IS NOT NULL AND revoked_at <= now()"
 
 
 def revoked(revoked_at: datetime | None) -> bool:
     return revoked_at is not None and revoked_at <= timezone.now()
+
+
+def not_revoked_by(moment: datetime) -> Q:
+    """The same rule as a filter of tokens: those not revoked by `moment` (a revocation
+    scheduled for later included: revoking such a token revokes it then, decision 0108)."""
+    return Q(revoked_at__isnull=True) | Q(revoked_at__gt=moment)
 
 
 def scope_of(kind: Kind, group: str) -> str:

@@ -12,9 +12,10 @@ from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from apps.broker import selectors
+from apps.broker import access, selectors
 from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Topic
 from apps.broker.services import callbacks, clients, credentials, dead_letters, registry
 from apps.broker.services.audit import Origin, origin_of_request
@@ -373,6 +374,12 @@ def token_list(request: HttpRequest) -> HttpResponse:
         "console/tokens.html",
         {
             "tokens": ApiToken.objects.order_by("revoked_at", "name", "id"),
+            # A token scheduled for revocation may still be revoked now (decision 0108).
+            "revocable": set(
+                ApiToken.objects.filter(access.not_revoked_by(timezone.now())).values_list(
+                    "id", flat=True
+                )
+            ),
             "form": TokenForm(),
             "can_act": can_act(request.user),
         },

@@ -14,7 +14,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker import config_cache, selectors
-from apps.broker.models import ApiToken, ConsumerGroup
+from apps.broker.models import ApiToken, AuditAction, AuditRecord, ConsumerGroup
 from apps.broker.services import registry
 from tests.support.redis_outage import epoch_once_redis_is_asked_again, shared_cache_unreachable
 from tests.support.responses import assert_error, expect
@@ -170,6 +170,29 @@ def test_a_scheduled_revocation_holds_from_its_time(setup_topic: Any) -> None:
     expect(send(producer, names), 201)  # cached with its revocation time
     time.sleep(0.6)
     assert_error(send(producer, names), 401, "unauthenticated")
+
+
+def test_revoking_a_token_scheduled_for_revocation_revokes_it_now(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """A revocation scheduled for later does not make the token's DELETE a no-op: the token is
+    refused from the 204 on, and the revocation is recorded (decision 0108)."""
+    names = setup_topic()
+    producer, token = producer_of(names)
+    ApiToken.objects.filter(pk=token).update(revoked_at=timezone.now() + timedelta(hours=1))
+    config_cache.changed()
+    expect(send(producer, names), 201)  # scheduled, not yet revoked
+    expect(api.delete(f"/api/v1/tokens/{token}"), 204)
+    assert_error(send(producer, names), 401, "unauthenticated")
+    revoked_at = ApiToken.objects.get(pk=token).revoked_at
+    assert revoked_at is not None
+    assert revoked_at <= timezone.now()
+    audit = AuditRecord.objects.filter(action=AuditAction.TOKEN_REVOKE, target="producer")
+    assert audit.count() == 1
+    # Revoking it again changes nothing and records nothing (decision 0039).
+    expect(api.delete(f"/api/v1/tokens/{token}"), 204)
+    assert ApiToken.objects.get(pk=token).revoked_at == revoked_at
+    assert audit.count() == 1
 
 
 def test_without_redis_nothing_is_cached_and_no_change_is_made_unknown(

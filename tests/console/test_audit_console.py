@@ -168,3 +168,23 @@ def test_the_django_admin_shows_the_audit_record_read_only(setup: dict[str, Any]
     assert 'name="_save"' not in change.content.decode()  # a view page, no save button
     assert client.post(f"/admin/broker/auditrecord/{record.pk}/delete/").status_code == 403
     assert AuditRecord.objects.filter(pk=record.pk).exists()
+
+
+def test_a_token_scheduled_for_revocation_can_be_revoked_now(setup: dict[str, Any]) -> None:
+    """Its row offers the Revoke form, as a live token's does, and revoking it holds at once;
+    a revoked token's row offers none (decision 0108)."""
+    token = setup["token"]
+    spent, _ = registry.token_create(name="spent", scopes=["produce:shop"])
+    registry.token_revoke(token_id=spent.pk)
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now() + timedelta(hours=1))
+    otto = login("txhub-operators", "otto")
+    page = otto.get(reverse("console:tokens")).content.decode()
+    assert reverse("console:token-revoke", args=[token.pk]) in page
+    assert reverse("console:token-revoke", args=[spent.pk]) not in page
+    otto.post(reverse("console:token-revoke", args=[token.pk]))
+    revoked_at = ApiToken.objects.get(pk=token.pk).revoked_at
+    assert revoked_at is not None
+    assert revoked_at <= timezone.now()
+    assert AuditRecord.objects.filter(action="token_revoke", target="ci").count() == 1
+    page = otto.get(reverse("console:tokens")).content.decode()
+    assert reverse("console:token-revoke", args=[token.pk]) not in page

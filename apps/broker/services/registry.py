@@ -326,8 +326,10 @@ def token_create(*, name: str, scopes: list[str], origin: Origin = SYSTEM) -> tu
 
 @transaction.atomic  # a revocation the web processes cannot be told of is rolled back (503)
 def token_revoke(*, token_id: int, origin: Origin = SYSTEM) -> None:
-    revoked = ApiToken.objects.filter(id=token_id, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
+    # A token not revoked by now, a revocation scheduled for later included (decision 0108).
+    now = timezone.now()
+    revoked = ApiToken.objects.filter(access.not_revoked_by(now), id=token_id).update(
+        revoked_at=now
     )
     name = ApiToken.objects.filter(id=token_id).values_list("name", flat=True).first()
     if name is None:

@@ -380,6 +380,35 @@ def test_plain_requests_are_answered_by_the_lean_door_exactly_as_by_django(
         assert not took, f"the lean door took {path} {headers}"
 
 
+def test_a_bearer_token_is_read_whole_at_both_doors(
+    world: dict[str, str], lean_server: Door, django_server: Door
+) -> None:
+    """The scheme's case is not the token's (RFC 9110), but every character of the token is,
+    and nothing may follow it (decision 0108). The two doors answer alike; the lean door takes
+    each request but the malformed header, which the web tier refuses before any door."""
+    producer = world["producer"]
+    message = {"topic": "lean", "producer_group": "lean-p", "body": "hello"}
+    last = "A" if producer[-1] != "A" else "B"
+    cases = {
+        "Bearer": (f"Bearer {producer}", 201),
+        "lower-case scheme": (f"bearer {producer}", 201),
+        "upper-case scheme": (f"BEARER {producer}", 201),
+        "last character changed": (f"Bearer {producer[:-1]}{last}", 401),
+        "one character more": (f"Bearer {producer}A", 401),
+        "one character less": (f"Bearer {producer[:-1]}", 401),
+        "a word after the token": (f"Bearer {producer} {producer}", 401),
+    }
+    outcomes = {}
+    for name, (authorization, _) in cases.items():
+        headers = headers_for(None, Authorization=authorization)
+        (status, _, _), took = both(
+            lean_server, django_server, f"{PREFIX}/transactions", message, headers
+        )
+        assert took is (name != "a word after the token"), name
+        outcomes[name] = status
+    assert outcomes == {name: status for name, (_, status) in cases.items()}
+
+
 def test_secure_answers_carry_hsts_and_plain_http_is_redirected_by_django(
     world: dict[str, str], lean_server: Door, django_server: Door, deployment: str
 ) -> None:

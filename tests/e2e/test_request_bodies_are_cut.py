@@ -109,6 +109,25 @@ def test_a_200_mib_chunked_upload_without_a_token_is_refused_before_it_is_read(w
     assert list(spool.iterdir()) == []
 
 
+@pytest.mark.parametrize("which", ["unknown", "revoked"])
+def test_a_chunked_upload_with_a_token_that_is_not_valid_is_refused_before_it_is_read(
+    web: Any, which: str
+) -> None:
+    """The gate before the body looks the token up as the door would (decision 0108): a token
+    that is not one, or is revoked, makes the server read no more of the body than none."""
+    port, _, spool, _ = web
+    if which == "revoked":
+        token, raw = registry.token_create(name="revoked", scopes=["admin"])
+        registry.token_revoke(token_id=token.pk)
+    else:
+        raw = "txh_" + "x" * 43
+    sent, answer = upload(port, request_head(raw), 200 * MiB)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert b'"unauthenticated"' in answer
+    assert sent <= 2 * MiB, f"the client got {sent / MiB:.1f} MiB into the server"
+    assert list(spool.iterdir()) == []
+
+
 def test_a_chunked_upload_with_a_token_is_cut_at_the_limit(web: Any) -> None:
     port, token, spool, _ = web
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

@@ -152,6 +152,25 @@ def test_retry_after_does_not_end_before_the_window_does(settings: Any) -> None:
     assert retry_after <= math.ceil(window_end - start)
 
 
+@pytest.mark.django_db
+def test_a_client_that_waits_retry_after_is_served_in_the_next_window(settings: Any) -> None:
+    """In process, at "2/s": the window is the rate's period, so each 429's Retry-After (1 s)
+    brings the client into a new window with a whole budget (decision 0108). Three rounds: a
+    window twice as long would hold at least one of them back."""
+    settings.TXHUB_THROTTLE_RATE = "2/s"
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=token("rounds")["Authorization"])
+    for _ in range(3):
+        answers = [client.get("/api/v1/topics")]
+        while answers[-1].status_code != 429:
+            answers.append(client.get("/api/v1/topics"))
+            assert len(answers) <= 6, answers  # two windows' budgets at most
+        throttled = answers[-1]
+        assert throttled["Retry-After"] == "1"
+        time.sleep(int(throttled["Retry-After"]))
+        assert client.get("/api/v1/topics").status_code == 200
+
+
 def test_the_lean_door_counts_in_the_same_budget_and_answers_429_the_same_way(
     transactional_db: None,
 ) -> None:

@@ -210,6 +210,7 @@ def producers_with_stream(*, group: str, topic: str) -> list[GrpcClient]:
         for row in GrpcClient.objects.filter(
             group=group, client_type="PRODUCER", seen_at__gte=recent
         ).exclude(stream_process="")
-        if stream_may_check(token_id=row.token_id, producer_group=group)
+        if row.token_id is not None
+        and stream_may_check(token_id=row.token_id, producer_group=group)
     ]
     return sorted(rows, key=lambda c: (topic not in c.topics, -c.seen_at.timestamp()))

@@ -50,6 +50,7 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("metadata over 16 KiB", {"properties": {"big": "v" * 16385}}, 400, "properties"),
     ("keys over 16 KiB", {"keys": ["k" * 9000, "k" * 9000]}, 400, "keys"),
     ("NUL in a property", {"properties": {"a": "x\u0000y"}}, 400, "properties"),
+    ("empty property name", {"properties": {"": "x"}}, 400, "properties"),
     ("unknown field", {"tag": "TagA"}, 400, "tag"),
     ("delay level 0", {"delay_level": 0}, 400, "delay_level"),
     ("delay level out of range", {"delay_level": 19}, 400, "delay_level"),
@@ -161,6 +162,38 @@ def test_a_body_of_exactly_4_mib_is_accepted(api: APIClient, setup_topic: Any) -
     response = api.post("/api/v1/topics/orders/messages", message_with(payload), format="json")
     assert response.status_code == 201
     assert len(bytes(CommitLogEntry.objects.get().body)) == MIB4
+
+
+KIB16 = 16 * 1024
+
+
+def test_metadata_of_exactly_16_kib_with_its_tag_is_accepted_and_a_byte_more_refused(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """The bound counts the tag's bytes and the keys' bytes (not characters): a tag of 128, a
+    key of one two-byte character and a property filling the rest to exactly 16 KiB is stored;
+    one byte more in the property is refused at both paths and stores nothing (decision 0107)."""
+    setup_topic()
+    tag, key = "t" * 128, "\u00fc"
+    room = KIB16 - len(tag) - len(key.encode()) - len("p")
+
+    def meta(value_bytes: int) -> dict[str, Any]:
+        return {"tags": tag, "keys": [key], "properties": {"p": "v" * value_bytes}}
+
+    for path, extra in (
+        ("/api/v1/topics/orders/messages", {}),
+        ("/api/v1/transactions", {"topic": "orders"}),
+    ):
+        response = api.post(path, {**message_with(meta(room + 1)), **extra}, format="json")
+        assert "properties" in assert_error(response, 400, "invalid_request")["details"]
+    assert_nothing_stored()
+    for path, extra in (
+        ("/api/v1/topics/orders/messages", {}),
+        ("/api/v1/transactions", {"topic": "orders"}),
+    ):
+        response = api.post(path, {**message_with(meta(room)), **extra}, format="json")
+        assert response.status_code == 201, response.content
+    assert (HalfMessage.objects.count(), CommitLogEntry.objects.count()) == (1, 1)
 
 
 def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) -> None:

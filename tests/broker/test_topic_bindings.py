@@ -171,6 +171,32 @@ def test_a_bound_consumer_receiving_from_another_topic_is_403_and_stores_nothing
     assert len(receive(consumer, "orders").json()["messages"]) == 1
 
 
+def test_a_producer_and_a_consumer_group_of_one_name_keep_their_own_bindings(
+    api: APIClient, make_client: Any, names: dict[str, Any]
+) -> None:
+    # Group names are unique per kind only: the bindings the access module keeps are keyed by
+    # both (decision 0107), or the one read first would answer for the other.
+    check_url = "http://127.0.0.1:9/check"
+    group = {"name": "billing", "check_url": check_url}
+    answer = api.post("/api/v1/producer-groups", group, format="json")
+    assert answer.status_code == 201
+    assert bind(api, "producer", "billing", ["payments"]).status_code == 200
+    assert bind(api, "consumer", "billing", ["orders"]).status_code == 200
+    both = make_client("produce:billing", "consume:billing")
+    assert send(both, "payments", producer_group="billing").status_code == 201
+    assert receive(both, "orders").status_code == 200
+    before = stored()
+    assert_forbidden(
+        send(both, "orders", producer_group="billing"), producer_group="billing", topic="orders"
+    )
+    assert_forbidden(receive(both, "payments"), consumer_group="billing", topic="payments")
+    assert stored() == before
+    # The consumer's binding read first, the producer's then: each is still its own.
+    assert bind(api, "consumer", "billing", ["orders"]).status_code == 200  # a new epoch
+    assert receive(both, "orders").status_code == 200
+    assert send(both, "payments", producer_group="billing").status_code == 201
+
+
 def test_binding_to_no_topic_lets_the_group_use_any_topic_again(
     api: APIClient, make_client: Any, names: dict[str, Any]
 ) -> None:

@@ -147,6 +147,7 @@ def test_bad_input_is_shown_on_the_form_and_stores_nothing(setup: dict[str, Any]
             {"name": "g", "max_delivery_attempts": "0", "consume_from": "first"},
         ),
         ("/console/tokens/new/", {"name": "t", "scopes": "root"}),
+        ("/console/tokens/new/", {"name": "t", "scopes": ", ,"}),  # no scope at all
     ]:
         response = otto.post(path, data)
         assert response.status_code == 200, (path, data)

@@ -1,9 +1,10 @@
 """What a RocketMQ client says about itself (its client id, Heartbeat, Telemetry settings) is
 checked before its row is written (services/clients.py, limits.check_client_id/check_client), on
-the real server with raw stubs: no client id is CLIENT_ID_REQUIRED and claims nothing (not "" for
-every token), a client id too long for its row is refused, never cut; an unknown client type is
-UNRECOGNIZED_CLIENT_TYPE, a bad topic ILLEGAL_TOPIC, other junk BAD_REQUEST, each as a status
-(in the Heartbeat answer, or on the stream, which stays open), and nothing is stored. The
+the real server with raw stubs: no client id (or a blank one) is CLIENT_ID_REQUIRED and claims
+nothing (not "" for every token), a client id too long for its row is refused, never cut; an
+unknown client type is UNRECOGNIZED_CLIENT_TYPE, a bad topic ILLEGAL_TOPIC, other junk
+BAD_REQUEST, each as a status (in the Heartbeat answer, or on the stream, which stays open), and
+nothing is stored. The
 x-mq-language and x-mq-client-version headers are held to the settings' widths on every call,
 never cut. Each has a positive control: the good call is answered OK and stored."""
 
@@ -33,7 +34,7 @@ def producer_heartbeat(stub: MessagingServiceStub, meta: Any) -> int:
     return int(stub.Heartbeat(request, metadata=meta).status.code)
 
 
-def test_calls_without_a_client_id_are_refused_and_claim_nothing(
+def test_calls_without_a_client_id_or_with_a_blank_one_are_refused_and_claim_nothing(
     grpc_server: GrpcServer,
     rocketmq_setup: Callable[..., Setup],
     stub: MessagingServiceStub,
@@ -41,14 +42,19 @@ def test_calls_without_a_client_id_are_refused_and_claim_nothing(
 ) -> None:
     first, second = rocketmq_setup("-first"), rocketmq_setup("-second")
     for setup in (first, second):
-        meta = without_client_id(signed(grpc_server, setup))
-        assert producer_heartbeat(stub, meta) == pb.CLIENT_ID_REQUIRED
-        goodbye = stub.NotifyClientTermination(rpc.NotifyClientTerminationRequest(), metadata=meta)
-        assert goodbye.status.code == pb.CLIENT_ID_REQUIRED
-        stream = Telemetry(stub, meta)
-        streams.append(stream)
-        assert stream.next().status.code == pb.CLIENT_ID_REQUIRED
-        assert stream.next() is None
+        # A blank id would be one id shared by every client that sends it (decision 0107).
+        for meta in (
+            without_client_id(signed(grpc_server, setup)),
+            signed(grpc_server, setup, "  "),
+        ):
+            assert producer_heartbeat(stub, meta) == pb.CLIENT_ID_REQUIRED
+            request = rpc.NotifyClientTerminationRequest()
+            goodbye = stub.NotifyClientTermination(request, metadata=meta)
+            assert goodbye.status.code == pb.CLIENT_ID_REQUIRED
+            stream = Telemetry(stub, meta)
+            streams.append(stream)
+            assert stream.next().status.code == pb.CLIENT_ID_REQUIRED
+            assert stream.next() is None
     assert not GrpcClient.objects.exists()
     # The positive control: with a client id, the heartbeat is answered and remembered.
     assert producer_heartbeat(stub, signed(grpc_server, first, "host@1@0@producer")) == pb.OK

@@ -95,6 +95,13 @@ def test_more_than_64_messages_in_one_request_are_refused_whole(door: Any) -> No
     )
     assert answer.status.code == pb.BAD_REQUEST, answer.status
     assert stored() == before
+    # Positive control at the bound (decision 0107): 64 messages are one request.
+    answer = stub.SendMessage(
+        rpc.SendMessageRequest(messages=[raw_message(setup.topic) for _ in range(64)]),
+        metadata=meta,
+    )
+    assert answer.status.code == pb.OK, answer.status
+    assert stored() == (before[0], before[1] + 64)
 
 
 def test_a_producer_token_needs_exactly_one_produce_scope(

@@ -5,16 +5,20 @@ revocation is the service DELETE /api/v1/tokens/{id} runs; it reaches them throu
 NOTIFY on the wake-up hubs' channel."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import requests
+from django.utils import timezone
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from apps.broker.models import ConsumerCursor
+from apps.broker import config_cache
+from apps.broker.models import ApiToken, ConsumerCursor
 from apps.broker.services import registry
 from tests.conftest import Server
 from tests.grpc.conftest import GrpcServer
@@ -91,3 +95,43 @@ def test_revoking_a_token_ends_its_rest_long_poll_with_401(server: Server) -> No
     answer = outcome["answer"]
     assert answer.status_code == 401, answer.text
     assert answer.json()["error"]["code"] == "unauthenticated"
+
+
+def test_a_revocation_scheduled_for_later_ends_a_rest_long_poll_only_from_its_time(
+    server: Server,
+) -> None:
+    """The wake-up hub's catch-up asks Postgres which watched tokens are revoked by now
+    (access.REVOKED_SQL): a revocation scheduled an hour ahead leaves a long poll waiting through
+    its fallback checks (one a second) to its end; one due during the wait ends it with 401."""
+    registry.topic_create(name="scheduled-rest", queues=1)
+    registry.consumer_group_create(
+        name="scheduled-rest-c", max_delivery_attempts=16, consume_from="first"
+    )
+    token, raw = registry.token_create(name="scheduled-rest", scopes=["consume:scheduled-rest-c"])
+
+    def long_poll(wait_seconds: int) -> tuple[requests.Response, float]:
+        started = time.monotonic()
+        answer = requests.post(
+            server.url("/api/v1/consumer-groups/scheduled-rest-c/receive"),
+            json={"topic": "scheduled-rest", "wait_seconds": wait_seconds},
+            headers={"Authorization": f"Bearer {raw}"},
+            timeout=WAIT + wait_seconds,
+        )
+        return answer, time.monotonic() - started
+
+    def schedule(seconds: float) -> None:
+        later = timezone.now() + timedelta(seconds=seconds)
+        ApiToken.objects.filter(pk=token.pk).update(revoked_at=later)
+        config_cache.changed()
+
+    schedule(3600)
+    answer, took = long_poll(3)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"messages": []}
+    assert took >= 2.5, took  # waited through its fallback checks, to its end
+    # Positive control: a revocation due two seconds into the wait ends it there.
+    schedule(2)
+    answer, took = long_poll(20)
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"]["code"] == "unauthenticated"
+    assert took < 10, took

@@ -28,6 +28,18 @@ def lookup_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == LOOKUP_THREAD]
 
 
+def resolving() -> bool:
+    """Whether a lookup's thread is inside `callbacks.resolve` now: waiting for the resolver."""
+    frames = sys._current_frames()
+    for thread in lookup_threads():
+        frame = frames.get(thread.ident or 0)
+        while frame is not None:
+            if frame.f_code.co_name == "resolve":
+                return True
+            frame = frame.f_back
+    return False
+
+
 def _fetch(half_id: int) -> HalfMessage:
     return HalfMessage.objects.select_related("producer_group", "topic").get(pk=half_id)
 
@@ -142,15 +154,19 @@ def _watched(client: Client, step: dict[str, Any]) -> dict[str, Any]:
     def watch() -> None:
         with own_connection(autocommit=True) as watcher:
             while not done.is_set():
-                if lookup_threads():
+                # What was seen counts only if the lookup was in the resolver before and after
+                # the look: a lookup's thread outlives the moment it hands its answer over, and
+                # the request's own write may already have begun then.
+                if resolving():
                     looked_up.set()
-                    if requesting.in_atomic_block:
-                        seen.add("atomic")
+                    atomic = requesting.in_atomic_block
                     rows = watcher.execute(
                         "SELECT state FROM pg_stat_activity WHERE datname = current_database() "
                         "AND xact_start IS NOT NULL AND pid <> pg_backend_pid()"
                     ).fetchall()
-                    seen.update(str(state) for (state,) in rows)
+                    if resolving():
+                        seen.update(["atomic"] if atomic else [])
+                        seen.update(str(state) for (state,) in rows)
                 time.sleep(0.01)
 
     watching = threading.Thread(target=watch)

@@ -151,7 +151,17 @@ class Cluster:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_for(lambda: self.redis_cli("ping") == "PONG", 20, "Redis")
+        try:
+            wait_for(lambda: self.redis_cli("ping") == "PONG", 20, "Redis")
+        except RuntimeError as error:
+            # What Redis said, kept in the error: the cluster's directory goes with its stop.
+            self.logs.flush()
+            said = (self.dir / "logs").read_bytes()[-2000:].decode(errors="replace")
+            ended = self.redis.poll()
+            raise RuntimeError(
+                f"{error} (port {self.redis_port}; redis-server exit code {ended}); "
+                f"the cluster's log ends:\n{said}"
+            ) from None
 
     def redis_cli(self, *args: str) -> str:
         done = subprocess.run(

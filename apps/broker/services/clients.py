@@ -205,12 +205,15 @@ def producers_with_stream(*, group: str, topic: str) -> list[GrpcClient]:
     another producer could answer), those that publish `topic` first (a producer that never
     named its topics may still check it)."""
     recent = timezone.now() - timedelta(seconds=settings.TXHUB_GRPC_CLIENT_TTL)
-    rows = [
-        row
-        for row in GrpcClient.objects.filter(
-            group=group, client_type="PRODUCER", seen_at__gte=recent
-        ).exclude(stream_process="")
-        if row.token_id is not None
-        and stream_may_check(token_id=row.token_id, producer_group=group)
-    ]
+    streams = list(
+        GrpcClient.objects.filter(group=group, client_type="PRODUCER", seen_at__gte=recent).exclude(
+            stream_process=""
+        )
+    )
+    # Each token read once, however many of its clients hold a stream.
+    tokens = {row.token_id for row in streams if row.token_id is not None}
+    may_check: dict[int | None, bool] = {
+        token: stream_may_check(token_id=token, producer_group=group) for token in tokens
+    }
+    rows = [row for row in streams if may_check.get(row.token_id, False)]
     return sorted(rows, key=lambda c: (topic not in c.topics, -c.seen_at.timestamp()))

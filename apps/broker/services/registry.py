@@ -1,8 +1,9 @@
 """Administration writes: topics, producer and consumer groups, API tokens."""
 
+import functools
 import hashlib
 import secrets
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from django.db import IntegrityError, connection, transaction
@@ -32,13 +33,21 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def _name_checked(name: str) -> str:
-    """A new topic's or group's name, or the 400 about the `name` field every door answers
-    with: the rule is the registry's, whichever door called (docs/decisions/0106)."""
+T = TypeVar("T")
+
+
+def _field_checked(field: str, check: Callable[[T], T], value: T) -> T:
+    """`check(value)`, or the 400 about `field` every door answers with: the rules of what the
+    registry stores are its own, whichever door called (docs/decisions/0106)."""
     try:
-        return limits.check_name(name, what="name")
+        return check(value)
     except limits.LimitError as error:
-        raise invalid("name", str(error)) from None
+        raise invalid(field, str(error)) from None
+
+
+def _name_checked(name: str) -> str:
+    """A new topic's or group's name (limits.check_name)."""
+    return _field_checked("name", functools.partial(limits.check_name, what="name"), name)
 
 
 @transaction.atomic
@@ -298,14 +307,8 @@ def consumer_group_bind_topics(
 def token_create(*, name: str, scopes: list[str], origin: Origin = SYSTEM) -> tuple[ApiToken, str]:
     """Returns the stored token and the raw token, which is never stored and shown only once."""
     # The name and scope rules hold at every door that makes a token: REST, console, commands.
-    try:
-        limits.check_token_name(name)
-    except limits.LimitError as error:
-        raise invalid("name", str(error)) from None
-    try:
-        scopes = limits.check_scopes(scopes)
-    except limits.LimitError as error:
-        raise invalid("scopes", str(error)) from None
+    _field_checked("name", limits.check_token_name, name)
+    scopes = _field_checked("scopes", limits.check_scopes, scopes)
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(
         name=name,

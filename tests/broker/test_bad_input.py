@@ -196,6 +196,25 @@ def test_metadata_of_exactly_16_kib_with_its_tag_is_accepted_and_a_byte_more_ref
     assert (HalfMessage.objects.count(), CommitLogEntry.objects.count()) == (1, 1)
 
 
+def test_a_tag_of_128_characters_is_stored_whole_and_one_of_129_refused(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """The tag's bound (CONTRACT section 3, limits.MAX_TAG_CHARS) at both REST paths: a tag of
+    exactly 128 characters is stored whole and one character more is refused, storing nothing
+    (decision 0116)."""
+    setup_topic()
+    paths = (("/api/v1/topics/orders/messages", {}), ("/api/v1/transactions", {"topic": "orders"}))
+    for path, extra in paths:
+        response = api.post(path, {**message_with({"tags": "t" * 129}), **extra}, format="json")
+        assert "tags" in assert_error(response, 400, "invalid_request")["details"]
+    assert_nothing_stored()
+    for path, extra in paths:
+        response = api.post(path, {**message_with({"tags": "t" * 128}), **extra}, format="json")
+        assert response.status_code == 201, response.content
+    assert CommitLogEntry.objects.get().tags == "t" * 128
+    assert HalfMessage.objects.get().tags == "t" * 128
+
+
 def test_a_request_too_large_to_read_is_413(api: APIClient, setup_topic: Any) -> None:
     setup_topic()
     huge = '{"producer_group": "order-service", "body": "' + "x" * (9 * 1024 * 1024) + '"}'

@@ -36,6 +36,8 @@ HOSTILE: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
     ("NUL in a tag", {"system": {"tag": "a\x00b"}}, pb.ILLEGAL_MESSAGE_TAG,
      {"system": {"tag": "ab"}}),
     ("a blank tag", {"system": {"tag": "  "}}, pb.ILLEGAL_MESSAGE_TAG, {"system": {"tag": "t"}}),
+    ("a 129-character tag", {"system": {"tag": "t" * 129}}, pb.ILLEGAL_MESSAGE_TAG,
+     {"system": {"tag": "t" * 128}}),
     ("NUL in a key", {"system": {"keys": ["k\x00"]}}, pb.ILLEGAL_MESSAGE_KEY,
      {"system": {"keys": ["k"]}}),
     ("NUL in a property", {"properties": {"p": "v\x00"}}, pb.ILLEGAL_MESSAGE_PROPERTY_KEY,

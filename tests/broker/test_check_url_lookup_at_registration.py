@@ -132,3 +132,24 @@ def test_a_check_urls_slow_lookup_holds_no_transaction_open(slow_dns: SlowDns) -
     expect(created, 201)
     assert expect(changed, 200)["check_url"] == SLOW_URL
     assert (created.seen, changed.seen) == ([], [])
+
+
+def test_the_watcher_sees_a_lookup_made_inside_a_transaction(slow_dns: SlowDns) -> None:
+    """The positive control of the test above: the same request sent inside a transaction of the
+    probe's own that has queried is seen, by the same watcher, in an atomic block whose session
+    is idle in transaction during the lookup (decision 0116)."""
+    slow_dns.arm(DEADLINE / 2)
+    step = {
+        "method": "post",
+        "path": "/api/v1/producer-groups",
+        "data": {"name": "pg", "check_url": SLOW_URL},
+    }
+    [created] = [
+        Answer(answer)
+        for answer in slow_dns.run(
+            "watched_requests", steps=[step], token=admin_token(), in_transaction=True
+        )
+    ]
+    assert created.looked_up, "no lookup was seen under way"
+    expect(created, 201)
+    assert {"atomic", "idle in transaction"} <= set(created.seen), created.seen

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connections
+from django.db import connections, transaction
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -140,18 +140,28 @@ def requests(
     return {"left": left, "answers": [_send(client, step) for step in steps]}
 
 
-def _watched(client: Client, step: dict[str, Any]) -> dict[str, Any]:
+def _watched(client: Client, step: dict[str, Any], in_transaction: bool) -> dict[str, Any]:
     """The step's answer, and what was inside a transaction while a check URL's lookup was
     under way, seen from a thread and a session of the probe's own: the state of each session in
     one ("idle in transaction"...), and "atomic" when the requesting thread's connection was in
     an atomic block (psycopg sends its BEGIN only with the first statement, so a block is a
-    transaction at the database as soon as anything in it queries)."""
+    transaction at the database as soon as anything in it queries). `in_transaction`: the step
+    is sent inside a transaction of the probe's own that has queried, the positive control of
+    what the watcher sees. The watcher's exception is raised here: a watcher that died would
+    have seen nothing (decision 0116)."""
     requesting = connections["default"]  # this thread's: the test client's view runs here
     seen: set[str] = set()
     looked_up = threading.Event()
     done = threading.Event()
+    failures: list[BaseException] = []
 
     def watch() -> None:
+        try:
+            _watch()
+        except BaseException as error:  # noqa: BLE001 - raised by the requesting thread below
+            failures.append(error)
+
+    def _watch() -> None:
         with own_connection(autocommit=True) as watcher:
             while not done.is_set():
                 # What was seen counts only if the lookup was in the resolver before and after
@@ -172,17 +182,26 @@ def _watched(client: Client, step: dict[str, Any]) -> dict[str, Any]:
     watching = threading.Thread(target=watch)
     watching.start()
     try:
-        answer = _send(client, step)
+        if in_transaction:
+            with transaction.atomic():
+                User.objects.exists()  # the block's BEGIN goes out now
+                answer = _send(client, step)
+        else:
+            answer = _send(client, step)
     finally:
         done.set()
         watching.join()
+    if failures:
+        raise failures[0]
     return {**answer, "seen": sorted(seen), "looked_up": looked_up.is_set()}
 
 
-def watched_requests(steps: list[dict[str, Any]], token: str) -> list[dict[str, Any]]:
+def watched_requests(
+    steps: list[dict[str, Any]], token: str, in_transaction: bool = False
+) -> list[dict[str, Any]]:
     """Each step's answer, with what was in a transaction during its lookup (_watched)."""
     client = _client(token, None)
-    return [_watched(client, step) for step in steps]
+    return [_watched(client, step, in_transaction) for step in steps]
 
 
 PROBES: dict[str, Callable[..., Any]] = {

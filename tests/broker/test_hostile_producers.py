@@ -3,8 +3,12 @@ caps the answer, refuses plain http:// unless allowed, and connects only to the 
 checked (DNS rebinding). Real little HTTP servers play the producers (tests/hostile.py)."""
 
 import ipaddress
+import socket
+import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from tests.hostile import FIFTY_MB, HostileEndpoint
 from tests.support.console import login
 from tests.support.responses import expect
 from tests.support.slow_dns import Answer, SlowDns
+from tests.support.tls import self_signed
 from tests.support.transactions import make_due, make_group, prepare
 
 TIMEOUT = 1.0
@@ -174,17 +179,48 @@ def test_the_call_connects_to_the_address_it_checked(checker: Any, slow_dns: Slo
 
 
 def test_https_keeps_the_host_name_for_sni_and_the_certificate(
-    db: None, monkeypatch: pytest.MonkeyPatch
+    slow_dns: SlowDns, tmp_path: Path
 ) -> None:
-    """Pinned to the checked address, an https call still verifies the certificate against the
-    URL's host: a server whose certificate does not name it fails the TLS check (here a plain
-    listener: the handshake fails), never answers a decision."""
-    sockets: list[Any] = []
-    adapter = callbacks._pinned_adapter("127.0.0.1", sockets)
-    pool = adapter.poolmanager.connection_from_url("https://producer.example:9/check")
-    connection = pool._new_conn()
-    assert connection.server_hostname == "producer.example"
-    assert connection._dns_host == "127.0.0.1"
+    """Pinned to the checked address, an https call still names the URL's host in its TLS
+    handshake (SNI; urllib3 checks the certificate against the same name): a real TLS server on
+    that address sees the name, and its certificate, which no CA vouches for, is refused, so no
+    decision comes of it (decision 0116)."""
+    cert, key = self_signed(tmp_path, "producer.invalid")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    named: list[str | None] = []
+    context.sni_callback = lambda _socket, name, _context: named.append(name)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+
+    def handshake() -> str:
+        """The server's side of the one call: what the caller said of the certificate."""
+        accepted, _ = listener.accept()
+        with accepted:
+            accepted.settimeout(10)
+            try:
+                context.wrap_socket(accepted, server_side=True).close()
+            except ssl.SSLError as refused:
+                return str(refused.reason)
+        raise AssertionError("the call accepted a certificate that no CA vouches for")
+
+    slow_dns.arm(0.0, "127.0.0.1")
+    url = f"https://producer.invalid:{listener.getsockname()[1]}/check"
+    group = register_at_dns(slow_dns, url)
+    half = prepare(group, registry.topic_create(name="orders", queues=1))
+    slow_dns.asked.clear()
+    with listener, ThreadPoolExecutor(1) as pool:
+        server_side = pool.submit(handshake)
+        [outcome] = slow_dns.run("calls", half_id=half.pk, count=1)["outcomes"]
+        refused = server_side.result(timeout=30)
+    assert named == ["producer.invalid"]  # reached the pinned address, naming the host
+    assert "UNKNOWN_CA" in refused, refused  # the caller refused the certificate
+    assert (outcome["answer"], outcome["reached"], outcome["error"]) == (
+        "UNKNOWN",
+        False,
+        "SSLError",
+    )
+    assert slow_dns.asked == ["producer.invalid"]  # one lookup
 
 
 @pytest.mark.parametrize("second", ["169.254.169.254", "10.1.2.3"])

@@ -1,7 +1,6 @@
 """The gRPC door over TLS (TXHUB_GRPC_TLS_CERT / _KEY): a client that trusts the certificate
 gets answers; a plaintext client gets none."""
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +13,13 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from tests.grpc.conftest import GrpcServer, start_grpc, stop
 from tests.support.grpc import signed
 from tests.support.ports import free_port
+from tests.support.tls import self_signed
 
 pytestmark = pytest.mark.e2e
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
 def test_with_a_certificate_the_door_speaks_tls_only(tmp_path: Path, rocketmq_setup: Any) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "127.0.0.1")
     port = free_port()
     with open(tmp_path / "grpc.log", "w") as log:
         process = start_grpc(

@@ -3,16 +3,15 @@ due, so a skewed worker checks nothing early and delivers nothing early."""
 
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import requests
 
+from tests.support.faketime import running_ahead
+
 if TYPE_CHECKING:
     from tests.chaos.run import Context
 
-# Debian's package `faketime` (scripts/services.sh installs it), whatever the architecture.
-FAKETIME_LIBRARY = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("missing"))
 SKEW_SECONDS = 600
 
 
@@ -20,10 +19,9 @@ def worker_clock_skewed(ctx: "Context", *, transaction_timeout: float) -> None:
     """Every Celery worker and beat run 600 s ahead (libfaketime); web and Postgres do not. No
     check may reach the producer before its transaction's timeout (on the producer's clock) and
     no delayed message may reach a consumer before its time."""
-    assert FAKETIME_LIBRARY.exists(), f"{FAKETIME_LIBRARY} missing (Debian package faketime)"
     # Monotonic clocks are shifted too (a constant offset, harmless): with
     # FAKETIME_DONT_FAKE_MONOTONIC, Python 3.11's time.sleep fails with EINVAL and beat dies.
-    ctx.cluster.celery_restart(LD_PRELOAD=str(FAKETIME_LIBRARY), FAKETIME=f"+{SKEW_SECONDS}s")
+    ctx.cluster.celery_restart(**running_ahead(SKEW_SECONDS))
     delayed = DelayedProbe(ctx, count=5, delay=max(6.0, 20 * ctx.scale))
     try:
         delayed.send()

@@ -4,8 +4,7 @@ libfaketime preloaded into `manage.py shell -c`, as chaos case F12 runs Celery
 timezone.now) runs ahead; Postgres' does not. It runs a probe of this module on the test database
 and prints what the test asserts on as JSON (docs/decisions/0020, 0102).
 
-libfaketime is Debian's package `faketime`, which scripts/services.sh installs (`make test` runs
-it first)."""
+libfaketime is found and preloaded by tests/support/faketime.py."""
 
 import json
 import os
@@ -13,16 +12,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from django.utils import timezone
 
 from apps.broker.services import checkback
 from tests.conftest import ROOT, db_url_for_tests
+from tests.support.faketime import running_ahead
 from tests.support.transactions import result
 
-FAKETIME_LIBRARY = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("missing"))
 RESULT = "SKEWED-CLOCK-RESULT "  # the line of the probe's answer on its standard output
 CHILD_SECONDS = 60  # a probe still running then has hung: it is killed and the test fails
 
@@ -30,7 +28,6 @@ CHILD_SECONDS = 60  # a probe still running then has hung: it is killed and the 
 def run_ahead(seconds: int, probe: str, **args: Any) -> Any:
     """What `probe` (a function of PROBES, called with `args`) returned, run in a process whose
     clock runs `seconds` ahead of this one's and of the database's."""
-    assert FAKETIME_LIBRARY.exists(), f"{FAKETIME_LIBRARY} missing (Debian package faketime)"
     child = subprocess.run(
         [
             sys.executable,
@@ -43,8 +40,7 @@ def run_ahead(seconds: int, probe: str, **args: Any) -> Any:
         env={
             **os.environ,
             "DATABASE_URL": db_url_for_tests(),
-            "LD_PRELOAD": str(FAKETIME_LIBRARY),
-            "FAKETIME": f"+{seconds}",  # a relative offset, in seconds
+            **running_ahead(seconds),
             "TXHUB_SKEWED_CLOCK_PROBE": json.dumps({"probe": probe, "args": args}),
         },
         capture_output=True,

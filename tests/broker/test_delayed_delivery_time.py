@@ -33,10 +33,11 @@ def test_a_message_due_in_under_a_second_is_not_moved_by_a_scan_before_its_time(
     due = datetime.fromisoformat(sent["deliver_at"])
     moved = delivery.delayed_deliver_due()
     scanned_at = db_now()
-    if scanned_at < due:  # the scan ran before the message was due (nearly always)
-        assert moved == 0
-        assert receive(api) == []
-    assert all(entry.stored_at >= due for entry in CommitLogEntry.objects.all())
+    # The scan ran before the message was due, or this test saw nothing (decision 0116).
+    assert scanned_at < due, f"the scan ended {scanned_at - due} after the message was due"
+    assert moved == 0
+    assert receive(api) == []
+    assert not CommitLogEntry.objects.exists()
     # Positive control: once due, the same scan moves it.
     wait_until(lambda: db_now() >= due, timeout=10, interval=0.05)
     delivery.delayed_deliver_due()

@@ -4,7 +4,6 @@ its Telemetry streams close, its waiting receives end answering as an unauthenti
 revocation is the service DELETE /api/v1/tokens/{id} runs; it reaches them through Postgres
 NOTIFY on the wake-up hubs' channel."""
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -23,6 +22,7 @@ from apps.broker.services import registry
 from tests.conftest import Server
 from tests.grpc.conftest import GrpcServer
 from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.own_connection import in_thread
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -74,25 +74,23 @@ def test_revoking_a_token_ends_its_rest_long_poll_with_401(server: Server) -> No
         name="revoked-rest-c", max_delivery_attempts=16, consume_from="first"
     )
     token, raw = registry.token_create(name="doomed-rest", scopes=["consume:revoked-rest-c"])
-    outcome: dict[str, Any] = {}
 
-    def long_poll() -> None:
-        outcome["answer"] = requests.post(
+    def long_poll() -> requests.Response:
+        return requests.post(
             server.url("/api/v1/consumer-groups/revoked-rest-c/receive"),
             json={"topic": "revoked-rest", "wait_seconds": 20},
             headers={"Authorization": f"Bearer {raw}"},
             timeout=WAIT + 20,
         )
 
-    thread = threading.Thread(target=long_poll)
-    thread.start()
-    try:
-        assert wait_until(lambda: waiting("revoked-rest", "revoked-rest-c"), timeout=WAIT)
-        registry.token_revoke(token_id=token.pk)
-    finally:
-        thread.join(timeout=WAIT)
-    assert not thread.is_alive(), "the revoked token's long poll is still waiting"
-    answer = outcome["answer"]
+    # Its exception, if any, is raised by result() (decision 0116).
+    poll = in_thread(long_poll)
+    assert wait_until(
+        lambda: poll.done() or waiting("revoked-rest", "revoked-rest-c"), timeout=WAIT
+    )
+    assert not poll.done(), poll.result()  # ended before the revocation: its answer or error
+    registry.token_revoke(token_id=token.pk)
+    answer = poll.result(timeout=WAIT)  # TimeoutError: the revoked token's long poll still waits
     assert answer.status_code == 401, answer.text
     assert answer.json()["error"]["code"] == "unauthenticated"
 

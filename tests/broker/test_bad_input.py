@@ -203,7 +203,10 @@ def test_a_tag_of_128_characters_is_stored_whole_and_one_of_129_refused(
     exactly 128 characters is stored whole and one character more is refused, storing nothing
     (decision 0116)."""
     setup_topic()
-    paths = (("/api/v1/topics/orders/messages", {}), ("/api/v1/transactions", {"topic": "orders"}))
+    paths: list[tuple[str, dict[str, str]]] = [
+        ("/api/v1/topics/orders/messages", {}),
+        ("/api/v1/transactions", {"topic": "orders"}),
+    ]
     for path, extra in paths:
         response = api.post(path, {**message_with({"tags": "t" * 129}), **extra}, format="json")
         assert "tags" in assert_error(response, 400, "invalid_request")["details"]

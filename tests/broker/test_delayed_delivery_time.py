@@ -19,28 +19,36 @@ def receive(api: APIClient) -> list[dict[str, Any]]:
     return list(expect(answer, 200)["messages"])
 
 
-def test_a_message_due_in_under_a_second_is_not_moved_by_a_scan_before_its_time(
-    api: APIClient, setup_topic: Any
-) -> None:
-    setup_topic()
+def send_due_soon(api: APIClient, body: str) -> tuple[dict[str, Any], datetime]:
+    """A message due 0.8 s from now on the database clock, and the time it is due."""
     payload = {
         "producer_group": "order-service",
-        "body": "soon",
+        "body": body,
         "deliver_at": (db_now() + timedelta(seconds=0.8)).isoformat(),
     }
     sent = expect(api.post("/api/v1/topics/orders/messages", payload, format="json"), 201)
     assert sent["queue_offset"] is None
-    due = datetime.fromisoformat(sent["deliver_at"])
-    moved = delivery.delayed_deliver_due()
-    scanned_at = db_now()
-    # The scan ran before the message was due, or this test saw nothing (decision 0116).
-    assert scanned_at < due, f"the scan ended {scanned_at - due} after the message was due"
-    assert moved == 0
-    assert receive(api) == []
-    assert not CommitLogEntry.objects.exists()
+    return sent, datetime.fromisoformat(sent["deliver_at"])
+
+
+def test_a_message_due_in_under_a_second_is_not_moved_by_a_scan_before_its_time(
+    api: APIClient, setup_topic: Any
+) -> None:
+    setup_topic()
+    # A scan that ends after its message is due says nothing; a machine too busy to scan within
+    # 0.8 s gets a few more messages, and the test fails if no scan ran in time (decision 0116).
+    for attempt in range(5):
+        sent, due = send_due_soon(api, f"soon {attempt}")
+        delivery.delayed_deliver_due()
+        if db_now() < due:
+            break
+    else:
+        raise AssertionError("no scan ended before its message was due in 5 tries")
+    assert not CommitLogEntry.objects.filter(msg_id=sent["msg_id"]).exists()
+    assert sent["msg_id"] not in [got["msg_id"] for got in receive(api)]
     # Positive control: once due, the same scan moves it.
     wait_until(lambda: db_now() >= due, timeout=10, interval=0.05)
     delivery.delayed_deliver_due()
-    [got] = receive(api)
-    assert got["msg_id"] == sent["msg_id"]
-    assert datetime.fromisoformat(got["stored_at"]) >= due
+    assert sent["msg_id"] in [got["msg_id"] for got in receive(api)]
+    stored = CommitLogEntry.objects.get(msg_id=sent["msg_id"])
+    assert stored.stored_at >= due

@@ -64,6 +64,8 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 WHITESPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 # Any string: no NUL (check_text; lone surrogates cannot be written in a regex, JSON Schema or not).
 TEXT_SCHEMA_PATTERN = r"^[^\u0000]*$"
+# A token's name (check_token_name): no whitespace at either end, so never blank (decision 0114).
+TOKEN_NAME_SCHEMA_PATTERN = rf"^[^\u0000{WHITESPACE}](?:[^\u0000]*[^\u0000{WHITESPACE}])?$"
 # A key: not blank.
 KEY_SCHEMA_PATTERN = rf"^[^\u0000]*[^\u0000{WHITESPACE}][^\u0000]*$"
 # A tag (check_tag): not blank, no '|' (its length: MAX_TAG_CHARS).
@@ -159,10 +161,12 @@ def check_name(value: str, *, what: str) -> str:
 
 
 def check_token_name(value: str) -> str:
-    """A token's name: a label only, never in a scope or a route, so any storable text of 1 to
-    MAX_NAME_CHARS characters (the console names its invisible characters; decision 0106)."""
+    """A token's name: a label, never in a scope or a route: storable text of 1 to MAX_NAME_CHARS
+    characters (0106), no whitespace at either end, refused and never trimmed (decision 0114)."""
     if not 1 <= len(value) <= MAX_NAME_CHARS:
         raise LimitError(f"A token's name has 1 to {MAX_NAME_CHARS} characters.")
+    if value != value.strip():
+        raise LimitError("A token's name must not be blank or begin or end with whitespace.")
     return check_text(value)
 
 

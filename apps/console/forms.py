@@ -63,9 +63,13 @@ def _limit(check: Callable[..., Any], **kwargs: Any) -> Callable[[Any], None]:
 
 
 class NameField(forms.CharField):
+    """A topic's or group's name, checked as typed: Django's strip would turn " orders" into a
+    name the API refuses (docs/decisions/0114)."""
+
     def __init__(self, what: str, **kwargs: Any) -> None:
         super().__init__(
             max_length=limits.MAX_NAME_CHARS,
+            strip=False,
             validators=[_limit(limits.check_name, what=what)],
             **kwargs,
         )
@@ -154,7 +158,12 @@ class TopicBindingsForm(forms.Form):
 
 
 class TokenForm(forms.Form):
-    name = forms.CharField(max_length=limits.MAX_NAME_CHARS)
+    # Not stripped: a name with whitespace at either end is refused, as at every door (0114).
+    name = forms.CharField(
+        max_length=limits.MAX_NAME_CHARS,
+        strip=False,
+        validators=[_limit(limits.check_token_name)],
+    )
     scopes = forms.CharField(
         max_length=4000,
         help_text="Space or comma separated: admin, produce:<producer group>, consume:<group>.",

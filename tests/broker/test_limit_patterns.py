@@ -76,3 +76,17 @@ def test_the_base64_pattern_takes_what_decodes_to_a_body(value: str) -> None:
 def test_the_key_pattern_takes_non_blank_storable_text(value: str) -> None:
     checked = _takes(limits.check_text, value) and bool(value.strip())
     assert _matches(limits.KEY_SCHEMA_PATTERN, value) == checked
+
+
+@settings(max_examples=400, database=None)
+@given(TEXT)
+@example(" ")
+@example("ops deploy")
+@example("a" * 127)
+@example("a" * 128)
+def test_the_token_name_pattern_takes_what_check_token_name_takes(value: str) -> None:
+    """Whitespace at either end is refused, never trimmed (docs/decisions/0114)."""
+    stated = (
+        _matches(limits.TOKEN_NAME_SCHEMA_PATTERN, value) and len(value) <= limits.MAX_NAME_CHARS
+    )
+    assert stated == _takes(limits.check_token_name, value)

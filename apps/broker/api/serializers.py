@@ -322,12 +322,19 @@ class TopicBindingsIn(StrictSerializer):
 
 
 class TokenIn(StrictSerializer):
-    name = _text(max_length=limits.MAX_NAME_CHARS)
+    name = _text(max_length=limits.MAX_NAME_CHARS, pattern=limits.TOKEN_NAME_SCHEMA_PATTERN)
     scopes = StrictListField(
         child=_text(pattern=f"^(?:{limits.SCOPE_PATTERN})$"),
         allow_empty=False,
         max_length=limits.MAX_SCOPES,
     )
+
+    def validate_name(self, value: str) -> str:
+        # Reported with the body's other fields; token_create checks it again (decision 0106).
+        try:
+            return limits.check_token_name(value)
+        except limits.LimitError as error:
+            raise serializers.ValidationError(str(error)) from None
 
     def validate_scopes(self, value: list[str]) -> list[str]:
         try:

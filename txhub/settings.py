@@ -91,8 +91,8 @@ if _proxy_header:
     SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1])
 # The console's POSTs pass Django's origin check behind a proxy: e.g. "https://txhub.example.com".
 CSRF_TRUSTED_ORIGINS = env_list("TXHUB_CSRF_TRUSTED_ORIGINS", "")
-# Secrets shown once (a new token, a signing secret) travel in a message: kept server-side in the
-# session, never in a cookie the browser (or a proxy's log) keeps.
+CSRF_FAILURE_VIEW = "apps.broker.api.errors.csrf_failure"  # by door, as a 403 (decision 0114)
+# Secrets shown once (a new token, a signing secret) live in the session's messages, never a cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 INSTALLED_APPS = [

@@ -160,6 +160,15 @@ def check_name(value: str, *, what: str) -> str:
     return value
 
 
+def is_allowed_name(value: str) -> bool:
+    """Whether check_name takes `value` (a row from before the rule may not; decision 0114)."""
+    try:
+        check_name(value, what="name")
+    except LimitError:
+        return False
+    return True
+
+
 def check_token_name(value: str) -> str:
     """A token's name: a label, never in a scope or a route: storable text of 1 to MAX_NAME_CHARS
     characters (0106), no whitespace at either end, refused and never trimmed (decision 0114)."""

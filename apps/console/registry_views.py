@@ -12,10 +12,11 @@ from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
-from apps.broker import access, selectors
+from apps.broker import access, limits, selectors
 from apps.broker.models import ApiToken, ConsumerGroup, Door, ProducerGroup, Topic
 from apps.broker.services import callbacks, clients, credentials, dead_letters, registry
 from apps.broker.services.audit import Origin, origin_of_request
@@ -30,6 +31,7 @@ from apps.console.forms import (
     TopicBindingsForm,
     TopicForm,
 )
+from apps.console.invisible import name_invisible
 from apps.console.roles import can_act
 from apps.console.views import viewer_required
 
@@ -110,6 +112,8 @@ def producer_group_list(request: HttpRequest) -> HttpResponse:
         {
             "group": group,
             "shown_url": registry.producer_group_check_url_shown(group=group, may_change=acts),
+            # A name the rule refuses is listed without links or forms: no URL can carry it (0114).
+            "named": limits.is_allowed_name(group.name),
         }
         for group in ProducerGroup.objects.order_by("name").prefetch_related("topics")
     ]
@@ -191,9 +195,26 @@ def producer_group_topics(request: HttpRequest, name: str) -> HttpResponse:
     )
 
 
-@require_POST
+def _confirmation(request: HttpRequest, *, question: str, warning: str, back: str) -> HttpResponse:
+    """The page that asks before a change the list offers in one click, whose form POSTs to this
+    same URL: the server asks, so no script is needed to ask (docs/decisions/0114). The question
+    names the object's invisible characters (docs/decisions/0092)."""
+    context = {"question": question, "warning": warning, "back": back}
+    return render(request, "console/confirm_change.html", context)
+
+
+@require_http_methods(["GET", "POST"])
 @operator_required
 def producer_group_rotate(request: HttpRequest, name: str) -> HttpResponse:
+    if request.method == "GET":
+        group = selectors.producer_group_get(name=name)  # unknown: the console's not-found page
+        return _confirmation(
+            request,
+            question=f"Rotate the signing secret of {name_invisible(group.name)}?",
+            warning="A new secret signs its check-backs from now on; the old one keeps "
+            "signing for a while, so its producers can change over.",
+            back=reverse("console:producer-groups"),
+        )
     try:
         group = registry.producer_group_rotate_secret(name=name, origin=origin(request))
     except BrokerError as error:  # unknown group; Redis unreachable (nothing was rotated)
@@ -233,6 +254,8 @@ def consumer_group_list(request: HttpRequest) -> HttpResponse:
     groups = [
         {
             "group": group,
+            # A name the rule refuses is listed without a link: no URL can carry it (0114).
+            "named": limits.is_allowed_name(group.name),
             **{
                 key: sum(row[key] for row in lag_rows if row["group"] == group.name)
                 for key in ("lag", "in_flight", "dlq")
@@ -374,7 +397,8 @@ def token_list(request: HttpRequest) -> HttpResponse:
         "console/tokens.html",
         {
             "tokens": ApiToken.objects.order_by("revoked_at", "name", "id"),
-            # A token scheduled for revocation may still be revoked now (decision 0108).
+            # A token scheduled for revocation may still be revoked now (decision 0108), and
+            # its row reads "revokes at" (decision 0114).
             "revocable": set(
                 ApiToken.objects.filter(access.not_revoked_by(timezone.now())).values_list(
                     "id", flat=True
@@ -405,9 +429,19 @@ def token_create(request: HttpRequest) -> HttpResponse:
     )
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @operator_required
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    if request.method == "GET":
+        token = ApiToken.objects.filter(pk=token_id).first()
+        if token is None:
+            return render(request, "console/not_found.html", status=404)
+        return _confirmation(
+            request,
+            question=f"Revoke token {name_invisible(token.name)}?",
+            warning="It stops working at once, over REST and gRPC alike; this cannot be undone.",
+            back=reverse("console:tokens"),
+        )
     try:
         registry.token_revoke(token_id=token_id, origin=origin(request))
     except BrokerError as error:  # unknown token; Redis unreachable (nothing was revoked)

@@ -32,6 +32,10 @@ def can_act(user: Any) -> bool:
 
 
 def navigation(request: HttpRequest) -> dict[str, Callable[[], bool]]:
-    """Template context: `can_act_here`, asked (and read) only by a page that shows an operator's
-    link, such as the navigation's Audit."""
-    return {"can_act_here": lambda: can_act(request.user)}
+    """Template context: `can_view_here` and `can_act_here`, asked (and read) only by a page that
+    shows the navigation: its pages to a viewer, its Audit to an operator, none to a user in no
+    txhub group (docs/decisions/0114)."""
+    return {
+        "can_view_here": lambda: can_view(request.user),
+        "can_act_here": lambda: can_act(request.user),
+    }

@@ -38,10 +38,28 @@ def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpR
     """The console's page for a refusal (PermissionDenied under /console/: a viewer's operator
     action, a user in no txhub group; txhub/urls.py's handler403, docs/decisions/0103): why, what
     the user may do instead, and a way back."""
+    return _refusal(request, str(exception or ""), about_roles=True)
+
+
+# What a form the CSRF check refused needs: not a role, a fresh page (docs/decisions/0114).
+STALE_FORM = (
+    "This form was not sent from a page of this console as it is now (the page is too old, or "
+    "its session ended): reload that page and send the form again."
+)
+
+
+def csrf_refused(request: HttpRequest) -> HttpResponse:
+    """The console's page for a form the CSRF check refused (errors.csrf_failure, which
+    settings.CSRF_FAILURE_VIEW names): what to do, and a way back to the page it came from."""
+    return _refusal(request, STALE_FORM, about_roles=False)
+
+
+def _refusal(request: HttpRequest, reason: str, *, about_roles: bool) -> HttpResponse:
     # A refusal before the authentication middleware ran has no user: signed in as nobody.
     user = getattr(request, "user", None)
     context = {
-        "reason": str(exception or ""),
+        "reason": reason,
+        "about_roles": about_roles,
         "signed_in": user is not None and user.is_authenticated,
         "may_view": user is not None and can_view(user),
         "operators": OPERATORS,

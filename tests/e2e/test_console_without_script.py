@@ -1,6 +1,7 @@
 """The console's links work in a real headless Chromium with JavaScript off (docs/decisions/0103):
 "Back" on a form page shown again with its errors leads to the page the form was on, and a
-refusal is the console's page, whose "Back" leads to the page the user came from."""
+refusal is the console's page, whose "Back" leads to the page the user came from. Revoke asks on
+a page before it revokes (docs/decisions/0114)."""
 
 from collections.abc import Iterator
 
@@ -8,6 +9,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from playwright.sync_api import Browser, Page, expect
 
+from apps.broker.models import ApiToken
+from apps.broker.services import registry
 from tests.conftest import Server
 
 pytestmark = pytest.mark.e2e
@@ -61,3 +64,18 @@ def test_a_refusal_is_the_consoles_page_and_back_leads_where_the_user_was(
     expect(page.locator("h1")).to_have_text("Not allowed")
     page.get_by_role("link", name="Back", exact=True).click()
     expect(page.locator("h1")).to_have_text("Topics")
+
+
+def test_revoke_asks_on_a_page_and_cancel_revokes_nothing(page: Page) -> None:
+    token, _ = registry.token_create(name="ci", scopes=["admin"])
+    sign_in(page, "txhub-operators", "otto")
+    page.goto("/console/tokens/")
+    page.get_by_role("button", name="Revoke").click()
+    expect(page.locator("h1")).to_have_text("Revoke token ci?")
+    page.get_by_role("link", name="Cancel", exact=True).click()
+    expect(page.locator("h1")).to_have_text("API tokens")
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is None
+    page.get_by_role("button", name="Revoke").click()
+    page.get_by_role("button", name="Yes, go ahead").click()
+    expect(page.locator("h1")).to_have_text("API tokens")
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is not None

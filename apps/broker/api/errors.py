@@ -237,6 +237,24 @@ def handler403(request: HttpRequest, exception: Exception) -> Any:
     return permission_denied(request, exception)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> Any:
+    """A request the CSRF check refused (settings.CSRF_FAILURE_VIEW), answered as its door
+    answers (docs/decisions/0114): the API in the contract's JSON, the console with its own page
+    saying what to do, anything else (the admin) Django's page. `reason` is Django's, for its
+    page only: it may echo a request's Origin or Referer."""
+    door = door_of(request)
+    if door == API:
+        message = "The request failed its CSRF check."
+        return JsonResponse(error_body("forbidden", message), status=403)
+    if door == CONSOLE:
+        from apps.console.views import csrf_refused
+
+        return csrf_refused(request)
+    from django.views.csrf import csrf_failure as django_csrf_failure
+
+    return django_csrf_failure(request, reason)
+
+
 def handler404(request: HttpRequest, exception: Exception | None = None) -> Any:
     """A URL that matches no pattern, answered as its door answers: the API in the contract's
     JSON, the console with its own page (docs/decisions/0092), anything else Django's page."""

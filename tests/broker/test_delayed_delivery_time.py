@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.test import APIClient
 
 from apps.broker.clock import db_now
-from apps.broker.models import CommitLogEntry
+from apps.broker.models import CommitLogEntry, DelayedMessage
 from apps.broker.services import delivery
 from tests.support.responses import expect
 from tests.support.waiting import wait_until
@@ -52,3 +52,34 @@ def test_a_message_due_in_under_a_second_is_not_moved_by_a_scan_before_its_time(
     assert sent["msg_id"] in [got["msg_id"] for got in receive(api)]
     stored = CommitLogEntry.objects.get(msg_id=sent["msg_id"])
     assert stored.stored_at >= due
+
+
+def test_a_delayed_message_is_delivered_as_it_was_sent_and_keeps_its_birth(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """Moved from the delayed table to the log, a message keeps its tag, keys and properties,
+    and its birth is the send's, not the delivery's (sending.OutgoingMessage.of)."""
+    setup_topic()
+    payload = {
+        "producer_group": "order-service",
+        "body": "later",
+        "tags": "TagA",
+        "keys": ["9527", "order"],
+        "properties": {"region": "eu", "kind": "created"},
+        "deliver_at": (db_now() + timedelta(hours=1)).isoformat(),
+    }
+    sent = expect(api.post("/api/v1/topics/orders/messages", payload, format="json"), 201)
+    [waiting] = DelayedMessage.objects.all()
+    born = waiting.born_at
+    DelayedMessage.objects.update(deliver_at=db_now() - timedelta(seconds=1))
+    assert delivery.delayed_deliver_due() == 1
+
+    [got] = receive(api)
+    assert got["msg_id"] == sent["msg_id"]
+    assert (got["tags"], got["keys"], got["properties"]) == (
+        payload["tags"],
+        payload["keys"],
+        payload["properties"],
+    )
+    assert datetime.fromisoformat(got["born_at"]) == born
+    assert datetime.fromisoformat(got["stored_at"]) > born

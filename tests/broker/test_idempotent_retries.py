@@ -138,6 +138,26 @@ def test_a_key_older_than_the_ttl_is_a_new_request(
     assert post(api, SEND, MESSAGE, "k1").json()["msg_id"] == again.json()["msg_id"]
 
 
+def test_a_key_taken_over_after_the_ttl_belongs_to_its_new_request(
+    api: APIClient, setup_topic: Any, settings: Any
+) -> None:
+    """An expired key used for another request stores it, and from then on answers that
+    request: its retry is a replay, the first request is now the different one (409)."""
+    setup_topic()
+    assert post(api, SEND, MESSAGE, "k1").status_code == 201
+    old = timezone.now() - timedelta(seconds=settings.TXHUB_IDEMPOTENCY_TTL + 1)
+    assert IdempotencyKey.objects.update(created_at=old) == 1
+    other = {**MESSAGE, "body": "order 9528 created"}
+    taken = post(api, SEND, other, "k1")
+    assert taken.status_code == 201, taken.json()
+    again = post(api, SEND, other, "k1")
+    assert again.status_code == 201, again.json()
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json() == taken.json()
+    assert_error(post(api, SEND, MESSAGE, "k1"), 409, "conflict")
+    assert CommitLogEntry.objects.count() == 2
+
+
 def test_the_sweep_forgets_expired_keys_only(
     api: APIClient, setup_topic: Any, settings: Any
 ) -> None:

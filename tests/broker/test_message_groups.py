@@ -310,3 +310,22 @@ def test_held_messages_count_as_ready_in_the_groups_status_and_lag(
 
     [lag] = [row for row in selectors.consumer_lag() if row["group"] == "billing"]
     assert lag["lag"] == 3, lag
+
+
+def test_a_fifo_group_passes_over_what_its_tag_expression_filters_out(
+    api: APIClient, setup_topic: Any
+) -> None:
+    # As a normal group does, and as in RocketMQ: a message the receive's tag expression does
+    # not match is passed over for the group, whatever its message group.
+    setup_topic(queues=1, fifo=True)
+    path = "/api/v1/topics/orders/messages"
+    for body, tag, group in (("a0", "created", "A"), ("b0", "paid", "B"), ("c0", "paid", "")):
+        payload = {"producer_group": "order-service", "body": body, "tags": tag}
+        if group:
+            payload["message_group"] = group
+        expect(api.post(path, payload, format="json"), 201)
+    got = receive(api, max_messages=32, tag_expression="paid")
+    assert bodies(got) == ["b0", "c0"]
+    ack(api, *got)
+    assert receive(api, max_messages=32) == []
+    assert not Delivery.objects.filter(message__body=b"a0").exists()

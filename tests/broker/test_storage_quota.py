@@ -167,3 +167,39 @@ def test_a_delayed_message_delivered_or_recalled_is_counted_once_where_it_went(
     assert storage_usage.stored_bytes()["order-service"] == both
     measured()
     assert storage_usage.stored_bytes()["order-service"] == both
+
+
+def test_a_tag_is_counted_and_a_group_exactly_at_its_quota_is_refused(
+    setup_topic: Any, make_client: Any, settings: Any
+) -> None:
+    """Two messages alike but for a tag of 100 bytes: the tagged group keeps exactly 100 bytes
+    more. A group keeping one byte less than its quota sends; keeping exactly its quota, it is
+    refused (decision 0085: "at or over")."""
+    settings.TXHUB_PRODUCER_GROUP_STORAGE_QUOTA = 10**9
+    setup_topic()
+    registry.producer_group_create(name="tagged-service")
+    producer = make_client("produce:order-service", "produce:tagged-service")
+    send = "/api/v1/topics/orders/messages"
+    tagged = message("tagged-service", tags="T" * 100)
+    for payload in (message("order-service"), tagged):
+        answer = producer.post(send, payload, "json")
+        assert answer.status_code == 201, answer.content
+    measured()
+    kept = storage_usage.stored_bytes()
+    assert kept["tagged-service"] - kept["order-service"] == 100
+    one = kept["tagged-service"]
+
+    settings.TXHUB_PRODUCER_GROUP_STORAGE_QUOTA = one + 1
+    assert measured() == {}
+    answer = producer.post(send, tagged, "json")
+    assert answer.status_code == 201, answer.content
+
+    settings.TXHUB_PRODUCER_GROUP_STORAGE_QUOTA = 2 * one
+    assert measured() == {"tagged-service": 2 * one}
+    before = stored_rows()
+    answer = producer.post(send, tagged, "json")
+    assert answer.status_code == 403, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "quota_exceeded", error
+    assert (error["details"]["stored_bytes"], error["details"]["quota_bytes"]) == (2 * one, 2 * one)
+    assert stored_rows() == before

@@ -84,3 +84,60 @@ def test_the_same_id_on_another_topic_of_the_group_is_still_a_conflict(
         status, _ = send(stub, meta, "orders-own-2", client_id, b"a", pb.NORMAL)
     assert status.code != pb.OK
     assert CommitLogEntry.objects.filter(msg_id=client_id).count() == 1
+
+
+def test_the_id_of_a_committed_transaction_is_not_answered_as_a_send(
+    grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]
+) -> None:
+    """A normal send under the id of the group's own committed transaction is a conflict
+    (decision 0040): the message under it is the transaction's, not a first try of this send."""
+    topic, meta = tenant(grpc_server, rocketmq_setup, "-committed")
+    client_id = "01" + uuid.uuid4().hex.upper()
+    with grpc.insecure_channel(grpc_server.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        status, entry = send(stub, meta, topic, client_id, b"a", pb.TRANSACTION)
+        assert status.code == pb.OK, status
+        end = rpc.EndTransactionRequest(
+            topic=pb.Resource(name=topic),
+            message_id=client_id,
+            transaction_id=entry.transaction_id,
+            resolution=pb.COMMIT,
+            source=pb.SOURCE_CLIENT,
+        )
+        assert stub.EndTransaction(end, metadata=meta).status.code == pb.OK
+        [committed] = CommitLogEntry.objects.filter(msg_id=client_id)
+        assert committed.transaction_id is not None
+        status, _ = send(stub, meta, topic, client_id, b"a", pb.NORMAL)
+        assert status.code != pb.OK
+        assert "transaction" in status.message
+        # Positive control: a normal send's retry under its own id answers what it stored.
+        other_id = "01" + uuid.uuid4().hex.upper()
+        first = send(stub, meta, topic, other_id, b"b", pb.NORMAL)
+        again = send(stub, meta, topic, other_id, b"b", pb.NORMAL)
+        assert (first[0].code, again[0].code) == (pb.OK, pb.OK)
+        assert again[1].offset == first[1].offset
+    assert CommitLogEntry.objects.filter(msg_id=client_id).count() == 1
+    assert CommitLogEntry.objects.filter(msg_id=other_id).count() == 1
+
+
+def test_two_other_groups_under_one_held_id_each_get_an_id_of_their_own(
+    grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]
+) -> None:
+    """The scoped id is derived from the group as well as the client's id (decision 0040): two
+    groups whose client id a third holds are stored under two ids, and neither is refused."""
+    holder_topic, holder = tenant(grpc_server, rocketmq_setup, "-holder")
+    first_topic, first = tenant(grpc_server, rocketmq_setup, "-first")
+    second_topic, second = tenant(grpc_server, rocketmq_setup, "-second")
+    client_id = "01" + uuid.uuid4().hex.upper()
+    with grpc.insecure_channel(grpc_server.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        assert send(stub, holder, holder_topic, client_id, b"h", pb.NORMAL)[0].code == pb.OK
+        answers = [
+            send(stub, first, first_topic, client_id, b"one", pb.NORMAL),
+            send(stub, second, second_topic, client_id, b"two", pb.NORMAL),
+        ]
+    assert [status.code for status, _ in answers] == [pb.OK, pb.OK]
+    ids = [entry.message_id for _, entry in answers]
+    assert len({client_id, *ids}) == 3
+    stored = dict(CommitLogEntry.objects.filter(msg_id__in=ids).values_list("msg_id", "body"))
+    assert stored == {ids[0]: b"one", ids[1]: b"two"}

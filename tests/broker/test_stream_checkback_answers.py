@@ -15,7 +15,7 @@ from django.utils import timezone
 from apps.broker.models import CommitLogEntry, HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
 from apps.broker.services.callbacks import CheckResult
-from apps.broker.services.errors import NotFound
+from apps.broker.services.errors import NotFound, TransactionResolved
 from apps.broker.services.sending import OutgoingMessage
 from apps.broker.services.transactions import Actor
 
@@ -166,3 +166,80 @@ def test_the_answer_to_the_last_check_the_budget_allows_is_applied(db: None, set
     last = OpRecord.objects.filter(half=half, op="CHECK").latest("id")
     assert (last.detail["answer"], last.detail["applied"]) == ("COMMIT", True)
     assert CommitLogEntry.objects.filter(transaction_id=half.transaction_id).count() == 1
+
+
+def test_a_check_goes_to_the_next_producer_when_the_first_ones_process_is_gone(
+    db: None, settings: Any
+) -> None:
+    """Every connected producer of the group may settle the check (decision 0023): when the
+    process holding the first one's stream is gone, the check goes to the next one's, not to
+    the check URL."""
+    half = prepared()
+    token, _ = registry.token_create(name="rocketmq", scopes=["produce:shop"])
+    live, gone = "live-host@1@0@producer", "gone-host@2@0@producer"
+    gone_process = f"grpc-gone-{uuid.uuid4().hex[:8]}:4242"
+    # The producer seen last is asked first: the one whose process no longer listens.
+    for client, process in ((live, PROCESS), (gone, gone_process)):
+        clients.client_seen(
+            client_id=client, token_id=token.pk, client_type="PRODUCER", group="shop"
+        )
+        clients.client_stream_opened(client_id=client, token_id=token.pk, process=process)
+    listener = redis.Redis.from_url(settings.CELERY_BROKER_URL).pubsub()  # type: ignore[no-untyped-call]
+    listener.subscribe(checkback_stream.CHANNEL_PREFIX + PROCESS)
+    try:
+        assert listener.get_message(timeout=5)["type"] == "subscribe"
+        make_due(half)
+        assert checkback.checkback_run(half_id=half.pk) == "unknown"
+        note = listener.get_message(timeout=5)
+        assert note is not None, "the check was not published to the live producer's process"
+        assert json.loads(note["data"])["client_id"] == live
+    finally:
+        listener.close()
+    [sent] = OpRecord.objects.filter(half=half, op="CHECK")
+    assert (sent.detail["via"], sent.detail["client_id"]) == ("telemetry", live)
+    assert sent.detail["process"] == PROCESS
+
+
+def sent_to(half: HalfMessage, client_id: str) -> None:
+    """A check of `half` sent on the stream of TOKEN_ID's client `client_id`."""
+    via = {"via": "telemetry", "client_id": client_id, "token_id": TOKEN_ID, "process": PROCESS}
+    checkback.checkback_apply(
+        half_id=half.pk, result=CheckResult("UNKNOWN", True, None, "", 0, "", via=via)
+    )
+
+
+def test_another_client_of_the_same_token_does_not_answer_the_check(db: None) -> None:
+    """The check was sent to one instance: another instance's server-check answer is that
+    producer's own resolution (decision 0034)."""
+    half = prepared()
+    sent_to(half, "another-host@2@0@producer")
+    assert answer(half, "ROLLBACK", ["shop"]) == "producer"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("ROLLED_BACK", "PRODUCER")
+    assert OpRecord.objects.filter(half=half, op="CHECK").count() == 1  # the one sent
+
+
+def test_only_the_last_check_sent_is_answered_by_check_back(db: None) -> None:
+    half = prepared()
+    sent_to(half, CLIENT)
+    sent_to(half, "another-host@2@0@producer")  # the next check went to another instance
+    assert answer(half, "COMMIT", ["shop"]) == "producer"
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "PRODUCER")
+    assert OpRecord.objects.filter(half=half, op="CHECK").count() == 2
+
+
+def test_a_second_answer_to_one_check_is_the_producers_own(db: None) -> None:
+    """An answered check is no longer outstanding: a repeat is the producer's own repeat (the
+    same answer, nothing recorded), and the opposite answer is refused (CONTRACT invariant 2)."""
+    half = prepared()
+    sent_on_the_stream(half)
+    assert answer(half, "COMMIT", ["shop"]) == "COMMIT"
+    assert answer(half, "COMMIT", ["shop"]) == "producer"
+    with pytest.raises(TransactionResolved):
+        answer(half, "ROLLBACK", ["shop"])
+    half.refresh_from_db()
+    assert (half.state, half.resolved_by) == ("COMMITTED", "CHECK_BACK")
+    checks = OpRecord.objects.filter(half=half, op="CHECK").order_by("id")
+    assert [c.detail.get("applied") for c in checks] == [False, True]  # sent, then answered
+    assert OpRecord.objects.filter(half=half, op__in=["COMMIT", "ROLLBACK"]).count() == 1

@@ -5,9 +5,11 @@ offsets still dense (invariant 5) when batches commit concurrently."""
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import requests
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
@@ -380,3 +382,35 @@ def test_a_batch_commit_stores_what_single_commits_store_in_batch_order(
     entries = CommitLogEntry.objects.order_by("queue_offset")
     assert [e.queue_offset for e in entries] == list(range(6))
     assert [str(e.transaction_id) for e in entries][3:] == order
+
+
+def test_a_batch_commit_delays_what_a_single_commit_delays(
+    api: APIClient, setup_topic: Any
+) -> None:
+    """A delay level or a delivery time still ahead waits for its time; a delivery time passed
+    since the prepare, like no delay at all, is visible at once (decision 0111)."""
+    setup_topic()
+
+    def prepare(**delay: Any) -> str:
+        body = {"producer_group": "order-service", "topic": "orders", "body": "tx", **delay}
+        return str(
+            expect(api.post("/api/v1/transactions", body, format="json"), 201)["transaction_id"]
+        )
+
+    soon = timezone.now()
+    ids = [
+        prepare(delay_level=1),
+        prepare(deliver_at=(soon + timedelta(hours=1)).isoformat()),
+        prepare(deliver_at=(soon - timedelta(minutes=1)).isoformat()),
+        prepare(),
+    ]
+    slots = expect(resolve(api, "commit", ids), 200)["results"]
+    assert [s["status"] for s in slots] == [200] * 4
+    answers = [s["result"] for s in slots]
+    assert [a["state"] for a in answers] == ["COMMITTED"] * 4
+    assert [a["queue_offset"] is None for a in answers] == [True, True, False, False]
+    assert [a["deliver_at"] is None for a in answers] == [False, False, True, True]
+    logged = CommitLogEntry.objects.values_list("transaction_id", flat=True)
+    assert sorted(str(t) for t in logged) == sorted(ids[2:])
+    waiting = DelayedMessage.objects.values_list("transaction_id", flat=True)
+    assert sorted(str(t) for t in waiting) == sorted(ids[:2])

@@ -150,6 +150,25 @@ def test_an_unknown_message_and_another_tenants_are_the_same_404(shop: Shop) -> 
     assert not RecalledMessage.objects.exists()
 
 
+def test_another_tenants_recalled_delivered_or_prepared_message_is_the_same_404(
+    shop: Shop,
+) -> None:
+    """Whatever became of the message, the other tenant's answer is the unknown id's (decision
+    0111); the owner's own answers (200, 409, 409) are the positive control."""
+    recalled, delivered = shop.send(in_seconds=60), shop.send(in_seconds=None)
+    expect(shop.recall(recalled["msg_id"]), 200)
+    body = {"producer_group": "shop", "topic": "orders", "body": "tx"}
+    prepared = expect(shop.post(shop.producer, "/api/v1/transactions", body), 201)
+    other = shop.server.token("produce:other")
+    unknown = assert_error(shop.recall("0" * 32, other), 404, "not_found")
+    for sent, own_status in ((recalled, 200), (delivered, 409), (prepared, 409)):
+        theirs = assert_error(shop.recall(sent["msg_id"], other), 404, "not_found")
+        assert theirs["message"].replace(sent["msg_id"], "0" * 32) == unknown["message"]
+        assert theirs["details"] == {}
+        assert shop.recall(sent["msg_id"]).status_code == own_status
+    assert list(RecalledMessage.objects.values_list("msg_id", flat=True)) == [recalled["msg_id"]]
+
+
 def test_a_token_without_a_produce_scope_is_refused(shop: Shop) -> None:
     sent = shop.send(in_seconds=60)
     consumer = shop.server.token("consume:billing")

@@ -72,18 +72,22 @@ def test_another_groups_message_id_is_not_squatted_and_retries_stay_idempotent(
     assert model.objects.get(msg_id=client_id).body == b"squat"
 
 
+@pytest.mark.parametrize("kind", [pb.NORMAL, pb.TRANSACTION])
 def test_the_same_id_on_another_topic_of_the_group_is_still_a_conflict(
-    grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup]
+    grpc_server: GrpcServer, rocketmq_setup: Callable[..., Setup], kind: int
 ) -> None:
+    """A prepare's retry is answered with the earlier half only on its own topic (decision 0111):
+    on another topic the id is the group's other message's."""
+    model = HalfMessage if kind == pb.TRANSACTION else CommitLogEntry
     topic, meta = tenant(grpc_server, rocketmq_setup, "-own")
     registry.topic_create(name="orders-own-2", queues=4)
     client_id = "01" + uuid.uuid4().hex.upper()
     with grpc.insecure_channel(grpc_server.endpoint) as channel:
         stub = MessagingServiceStub(channel)
-        assert send(stub, meta, topic, client_id, b"a", pb.NORMAL)[0].code == pb.OK
-        status, _ = send(stub, meta, "orders-own-2", client_id, b"a", pb.NORMAL)
+        assert send(stub, meta, topic, client_id, b"a", kind)[0].code == pb.OK
+        status, _ = send(stub, meta, "orders-own-2", client_id, b"a", kind)
     assert status.code != pb.OK
-    assert CommitLogEntry.objects.filter(msg_id=client_id).count() == 1
+    assert model.objects.filter(msg_id=client_id).count() == 1
 
 
 def test_the_id_of_a_committed_transaction_is_not_answered_as_a_send(

@@ -97,6 +97,13 @@ def test_recall_message_refusals(grpc_server: GrpcServer, rocketmq_setup: Any) -
             "unknown": (recall(setup, handle_for(setup.topic, "0" * 32)), pb.Code.NOT_FOUND),
             "no produce scope": (recall(consumer_only, handle), pb.Code.FORBIDDEN),
         }
+        # The message under another topic of its own group in the handle: as unknown.
+        registry.topic_create(name=f"{setup.topic}-2", queues=1)
+        elsewhere = handle_for(f"{setup.topic}-2", sent.entries[0].message_id)
+        answers["its group's other topic"] = (
+            recall(setup, elsewhere, f"{setup.topic}-2"),
+            pb.Code.NOT_FOUND,
+        )
         # Another tenant's message under its own topic in the handle: as unknown.
         theirs = recall(other, handle_for(setup.topic, sent.entries[0].message_id))
         answers["another tenant's message"] = (theirs, pb.Code.NOT_FOUND)

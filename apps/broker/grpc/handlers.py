@@ -6,6 +6,7 @@ with nothing stored; never grpcio's bare UNKNOWN naming a Python class (docs/dec
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,38 @@ from apps.broker.grpc.protocol import Code, rpc, status
 
 SERVICE = rpc.DESCRIPTOR.services_by_name["MessagingService"]
 log = logging.getLogger("txhub.grpc")
+# grpc.aio's server logs what its own code meets while it serves an RPC here.
+GRPC_SERVER_LOG = logging.getLogger("grpc._cython.cygrpc")
+
+# The RPC, by its method path, whose handler has finished: grpc itself writes what is left of
+# its call (a unary RPC's answer and status, a stream's status). Per RPC: each runs in a task of
+# its own, whose context this is set in.
+_finished_handler: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "finished_handler", default=None
+)
+
+
+class ClientLeftBeforeTheLastWrite(logging.Filter):
+    """grpc writes a unary RPC's answer, and every RPC's status, after the handler returns; a
+    client that cancels then (its deadline, a shutdown) makes the core refuse that write, and
+    grpc logs an ERROR with a traceback unless it has already seen the cancel. That is a client
+    leaving, as `_write` finds during a stream: one DEBUG line, grpc's own for a cancelled RPC.
+    Only a refused write (ExecuteBatchError) of an RPC whose handler has finished is told so;
+    a handler's failure is logged where it happens (decision 0115)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        method = _finished_handler.get()
+        failure = record.exc_info[0] if record.exc_info else None
+        # grpc.aio's InternalError: its ExecuteBatchError, a write the core refused.
+        refused = failure is not None and issubclass(failure, grpc.aio.InternalError)
+        if method is not None and refused and record.levelno >= logging.ERROR:
+            record.msg, record.args = "RPC cancelled for servicer method [%s]", (method,)
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_CLIENT_LEFT = ClientLeftBeforeTheLastWrite()
 
 
 class _Undecodable:
@@ -44,11 +77,13 @@ def _deserializer(request_type: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
-def _unary_unary(behaviour: Callable[..., Awaitable[Any]], refused: Callable[[], Any]) -> Any:
+def _unary_unary(
+    behaviour: Callable[..., Awaitable[Any]], refused: Callable[[], Any], path: str
+) -> Any:
     async def handle(request: Any, context: Any) -> Any:
-        if request is UNDECODABLE:
-            return refused()
-        return await behaviour(request, context)
+        answer = refused() if request is UNDECODABLE else await behaviour(request, context)
+        _finished_handler.set(path)  # grpc writes the answer from here (decision 0115)
+        return answer
 
     return handle
 
@@ -90,13 +125,14 @@ def _unary_stream(
     async def handle(request: Any, context: Any) -> None:
         if request is UNDECODABLE:
             await _write(context, refused())
-            return
-        async with (
-            _failures_told_plainly(context, name),
-            contextlib.aclosing(behaviour(request, context)) as answers,
-        ):
-            async for answer in answers:
-                await _write(context, answer)
+        else:
+            async with (
+                _failures_told_plainly(context, name),
+                contextlib.aclosing(behaviour(request, context)) as answers,
+            ):
+                async for answer in answers:
+                    await _write(context, answer)
+        _finished_handler.set(_path(name))  # grpc writes the status from here (decision 0115)
 
     return handle
 
@@ -126,8 +162,13 @@ def _stream_stream(
                 await _write(context, answer)
         if undecodable_met:
             await _write(context, refused())
+        _finished_handler.set(_path(name))  # grpc writes the status from here (decision 0115)
 
     return handle
+
+
+def _path(name: str) -> str:
+    return f"/{SERVICE.full_name}/{name}"
 
 
 def _handler(servicer: Any, method: MethodDescriptor) -> grpc.RpcMethodHandler:
@@ -153,11 +194,16 @@ def _handler(servicer: Any, method: MethodDescriptor) -> grpc.RpcMethodHandler:
         return grpc.unary_stream_rpc_method_handler(
             _unary_stream(behaviour, refused, method.name), **arguments
         )
-    return grpc.unary_unary_rpc_method_handler(_unary_unary(behaviour, refused), **arguments)
+    return grpc.unary_unary_rpc_method_handler(
+        _unary_unary(behaviour, refused, _path(method.name)), **arguments
+    )
 
 
 def add_to_server(servicer: Any, server: Any) -> None:
-    """Registers every RPC of the service with `servicer`'s method of its name."""
+    """Registers every RPC of the service with `servicer`'s method of its name, and tells a
+    client leaving before grpc's last write of a call as one DEBUG line (decision 0115)."""
+    if _CLIENT_LEFT not in GRPC_SERVER_LOG.filters:
+        GRPC_SERVER_LOG.addFilter(_CLIENT_LEFT)
     handlers = {method.name: _handler(servicer, method) for method in SERVICE.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)

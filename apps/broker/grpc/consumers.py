@@ -40,6 +40,11 @@ from apps.broker.services.errors import BrokerError
 # A nack's retry delay may be shorter than a receive's minimum; below 1 s it waits 1 s (the Node
 # client 1.0.8 nacks with 0 s when the server's backoff is a customized one, which it ignores).
 MIN_RETRY_DELAY = 1
+# A message a receive reserved but could not write, its client gone, is given back as RocketMQ's
+# proxy gives it back (ReceiveMessageResponseStreamWriter): a change of its invisible time to its
+# NACK_INVISIBLE_TIME, 1 s. The reservation still counts as an attempt, as RocketMQ's revive
+# counts it (docs/decisions/0115).
+UNWRITTEN_INVISIBLE_SECONDS = 1
 
 
 class ConsumerRpcs:
@@ -65,7 +70,7 @@ class ConsumerRpcs:
         remaining = context.time_remaining()
         since = asyncio.get_running_loop().time()
         try:
-            topic, seconds, received, plan = await as_caller(
+            group, topic, seconds, received, plan = await as_caller(
                 context, _first_try, request, remaining
             )
             if plan is not None:
@@ -91,8 +96,16 @@ class ConsumerRpcs:
                 status=status(Code.MESSAGE_NOT_FOUND, "No new message.")
             )
             return
-        for answer in answers_of(received, topic=topic.name, invisible_seconds=seconds):
-            yield answer
+        unwritten = list(received)
+        try:
+            for answer in answers_of(received, topic=topic.name, invisible_seconds=seconds):
+                yield answer
+                if answer.HasField("message"):
+                    del unwritten[0]
+        except GeneratorExit:  # closed at a write that did not happen: the client left
+            if unwritten:
+                await _given_back(group, unwritten)
+            raise
 
     @unary(rpc.AckMessageResponse, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -190,11 +203,31 @@ def answers_of(
     yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
 
 
+async def _given_back(group: Any, unwritten: list[consuming.Received]) -> None:
+    """The messages a receive's client never got, visible again soon (UNWRITTEN_INVISIBLE_SECONDS)
+    through the one change of invisible time; a failure here only leaves them reserved until
+    their own invisible time, as before, so it is logged and the stream ends as it was ending."""
+    try:
+        await db(_change_invisible_each, group, [each.receipt_handle for each in unwritten])
+    except Exception:
+        log.exception("gRPC ReceiveMessage: could not give back %d messages", len(unwritten))
+
+
+def _change_invisible_each(group: Any, receipt_handles: list[str]) -> None:
+    for handle in receipt_handles:
+        try:
+            consuming.message_change_invisible(
+                group=group, receipt_handle=handle, invisible_seconds=UNWRITTEN_INVISIBLE_SECONDS
+            )
+        except BrokerError:
+            continue  # no longer live (its invisible time ran out meanwhile): nothing to give
+
+
 def _first_try(
     caller: Any, request: Any, remaining: float | None
-) -> tuple[Any, int, list[consuming.Received], consuming.WaitPlan | None]:
-    """A receive up to its first try (waiting.first_try), in the RPC's one thread hop: the topic,
-    the invisible seconds, what was found, and the plan to wait on if nothing was."""
+) -> tuple[Any, Any, int, list[consuming.Received], consuming.WaitPlan | None]:
+    """A receive up to its first try (waiting.first_try), in the RPC's one thread hop: the group,
+    the topic, the invisible seconds, what was found, and the plan to wait on if nothing was."""
     group, topic, tags = _receive_target(caller, request)
     invisible: float = limits.DEFAULT_INVISIBLE_SECONDS
     low, high = limits.MIN_INVISIBLE_SECONDS, limits.MAX_INVISIBLE_SECONDS
@@ -231,7 +264,7 @@ def _first_try(
         token_id=caller.principal.token_id,
     )
     received, plan = waiting.first_try(asked)
-    return topic, seconds, received, plan
+    return group, topic, seconds, received, plan
 
 
 def _receive_target(caller: Any, request: Any) -> tuple[Any, Any, Any]:

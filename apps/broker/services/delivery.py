@@ -140,19 +140,32 @@ def seconds_until_next_due() -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
+# While another scan holds every due row, a scan asks again after this pause, doubled each time
+# it finds them still held, up to the most; the first delivery after they are let go is late by
+# at most that (decision 0115).
+HELD_PAUSE_FIRST, HELD_PAUSE_MOST = 0.005, 0.1
+
+
 def delayed_deliver_for(*, seconds: float) -> int:
     """Delivers what is due, then keeps delivering for `seconds`, sleeping until the next due
     time rather than waiting for the next beat: lateness is processing time, not beat period."""
     deadline = time.monotonic() + seconds
     moved = 0
+    pause = HELD_PAUSE_FIRST
     while True:
         # First the one cheap question (an idle txhub asks only this, once a beat).
         wait = seconds_until_next_due()
-        if wait is None or wait >= deadline - time.monotonic():
+        left = deadline - time.monotonic()
+        # Over at its span's end, also while what is due is held by another scan (its wait is
+        # then below zero and would never reach the deadline).
+        if wait is None or left <= 0 or wait >= left:
             return moved
         if wait > 0:
             time.sleep(wait)
         batch = delayed_deliver_due()
         moved += batch
-        if not batch:  # due, but another scan holds it (SKIP LOCKED): ask again shortly
-            time.sleep(0.005)
+        if batch:
+            pause = HELD_PAUSE_FIRST
+        else:  # due, but another scan holds it (SKIP LOCKED): it delivers it; ask again later
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, HELD_PAUSE_MOST)

@@ -4,7 +4,9 @@ its Telemetry streams close, its waiting receives end answering as an unauthenti
 revocation is the service DELETE /api/v1/tokens/{id} runs; it reaches them through Postgres
 NOTIFY on the wake-up hubs' channel."""
 
+import signal
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -19,11 +21,18 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from apps.broker import config_cache
 from apps.broker.models import ApiToken, ConsumerCursor
 from apps.broker.services import registry
-from tests.conftest import Server
+from tests.conftest import Server, db_url_for_tests, start_gunicorn
 from tests.grpc.conftest import GrpcServer
+from tests.support import workers
 from tests.support.grpc import WAIT, Telemetry, signed
+from tests.support.listening import database_now, hub_listening
 from tests.support.own_connection import in_thread
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until
+
+# The web server whose long poll a revocation ends, named so that its LISTEN connection can be
+# seen waiting in pg_stat_activity (decision 0115).
+QUIET_HUB = "revocation-rest"
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +77,27 @@ def test_revoking_a_token_closes_its_streams_and_ends_its_grpc_long_poll(
         other_stream.close()
 
 
-def test_revoking_a_token_ends_its_rest_long_poll_with_401(server: Server) -> None:
+@pytest.fixture
+def quiet_hub_server(transactional_db: None) -> Iterator[Server]:
+    """A gunicorn of the test's own, one worker, whose wake-up hub makes no fallback check within
+    a test's time: what ends a waiting long poll there came by the NOTIFY."""
+    port = free_port()
+    env = {
+        "DATABASE_URL": f"{db_url_for_tests()}?application_name={QUIET_HUB}",
+        "TXHUB_LONG_POLL_FALLBACK": "60",
+    }
+    with open(workers.log_path("test-gunicorn-revocation.log"), "w") as log:
+        process = start_gunicorn(port, workers=1, log=log, extra_env=env)
+        yield Server(f"http://127.0.0.1:{port}")
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def test_revoking_a_token_ends_its_rest_long_poll_with_401(quiet_hub_server: Server) -> None:
+    """The long poll waits before the token is revoked: the server's LISTEN connection has run
+    its catch-up check for it (which would have seen a revocation made earlier) and idles. Only
+    the revocation's NOTIFY can end it then, within the poll's 20 s (decision 0115)."""
+    server = quiet_hub_server
     registry.topic_create(name="revoked-rest", queues=1)
     registry.consumer_group_create(
         name="revoked-rest-c", max_delivery_attempts=16, consume_from="first"
@@ -84,10 +113,9 @@ def test_revoking_a_token_ends_its_rest_long_poll_with_401(server: Server) -> No
         )
 
     # Its exception, if any, is raised by result() (decision 0116).
+    since = database_now()
     poll = in_thread(long_poll)
-    assert wait_until(
-        lambda: poll.done() or waiting("revoked-rest", "revoked-rest-c"), timeout=WAIT
-    )
+    hub_listening(f"{QUIET_HUB}-wakeups", since=since)
     assert not poll.done(), poll.result()  # ended before the revocation: its answer or error
     registry.token_revoke(token_id=token.pk)
     answer = poll.result(timeout=WAIT)  # TimeoutError: the revoked token's long poll still waits

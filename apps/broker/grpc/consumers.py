@@ -4,6 +4,7 @@ the backoff the Telemetry settings announce; the dead-letter queue). Each calls 
 `services.consuming` function, the REST door's."""
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -203,14 +204,27 @@ def answers_of(
     yield rpc.ReceiveMessageResponse(delivery_timestamp=timestamp(timezone.now()))
 
 
+# The give-backs under way: a task the loop holds only weakly is kept until it is done.
+_giving_back: set[asyncio.Task[None]] = set()
+
+
 async def _given_back(group: Any, unwritten: list[consuming.Received]) -> None:
     """The messages a receive's client never got, visible again soon (UNWRITTEN_INVISIBLE_SECONDS)
-    through the one change of invisible time; a failure here only leaves them reserved until
-    their own invisible time, as before, so it is logged and the stream ends as it was ending."""
-    try:
-        await db(_change_invisible_each, group, [each.receipt_handle for each in unwritten])
-    except Exception:
-        log.exception("gRPC ReceiveMessage: could not give back %d messages", len(unwritten))
+    through the one change of invisible time. Shielded: grpc cancels the RPC's task when it sees
+    the client gone, which may be while this runs. A failure only leaves them reserved until
+    their own invisible time, as before: it is logged, and the stream ends as it was ending."""
+    handles = [each.receipt_handle for each in unwritten]
+    giving = asyncio.ensure_future(db(_change_invisible_each, group, handles))
+    _giving_back.add(giving)
+    giving.add_done_callback(_given_back_done)
+    with contextlib.suppress(Exception):  # logged by _given_back_done
+        await asyncio.shield(giving)
+
+
+def _given_back_done(giving: asyncio.Task[None]) -> None:
+    _giving_back.discard(giving)
+    if not giving.cancelled() and giving.exception() is not None:
+        log.error("gRPC ReceiveMessage: messages not given back", exc_info=giving.exception())
 
 
 def _change_invisible_each(group: Any, receipt_handles: list[str]) -> None:

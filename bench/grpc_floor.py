@@ -155,7 +155,7 @@ def _synchronous_parts(
     handles: list[tuple[str, str]] = []
 
     def receive(request: Wire) -> None:
-        found, seconds, received, _ = hop(_first_try, request, None)
+        _, found, seconds, received, _ = hop(_first_try, request, None)
         if len(received) != BATCH:
             raise RuntimeError(f"floor receive: {len(received)} messages, not {BATCH}")
         for answer in answers_of(received, topic=found.name, invisible_seconds=seconds):

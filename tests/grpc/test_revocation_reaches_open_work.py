@@ -7,10 +7,10 @@ NOTIFY on the wake-up hubs' channel."""
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import grpc
 import pytest
 import requests
 from django.utils import timezone
@@ -19,62 +19,81 @@ from rocketmq.grpc_protocol import service_pb2 as rpc
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from apps.broker import config_cache
-from apps.broker.models import ApiToken, ConsumerCursor
+from apps.broker.models import ApiToken
 from apps.broker.services import registry
 from tests.conftest import Server, db_url_for_tests, start_gunicorn
-from tests.grpc.conftest import GrpcServer
+from tests.grpc.conftest import GrpcServer, own_server
 from tests.support import workers
 from tests.support.grpc import WAIT, Telemetry, signed
 from tests.support.listening import database_now, hub_listening
 from tests.support.own_connection import in_thread
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until
 
 # The web server whose long poll a revocation ends, named so that its LISTEN connection can be
-# seen waiting in pg_stat_activity (decision 0115).
+# seen waiting in pg_stat_activity (decision 0115); and the gRPC server, likewise (0116).
 QUIET_HUB = "revocation-rest"
+QUIET_GRPC = "revocation-grpc"
 
 pytestmark = pytest.mark.e2e
 
 
-def waiting(topic: str, group: str) -> bool:
-    """A receive of the group has made its first try (it created the group's cursors): from here
-    on it waits, or is about to."""
-    return ConsumerCursor.objects.filter(topic__name=topic, group__name=group).exists()
+@pytest.fixture
+def quiet_grpc_server(django_db_setup: None) -> Iterator[GrpcServer]:
+    """A gRPC server of the test's own whose wake-up hub makes no fallback check within a test's
+    time, and whose receives may wait 20 s: what ends a waiting receive or a Telemetry stream
+    there came by the NOTIFY."""
+    yield from own_server(
+        "test-grpc-revocation.log",
+        {
+            "DATABASE_URL": f"{db_url_for_tests()}?application_name={QUIET_GRPC}",
+            "TXHUB_LONG_POLL_FALLBACK": "60",
+            "TXHUB_GRPC_LONG_POLL_MAX": "20",
+        },
+    )
 
 
 def test_revoking_a_token_closes_its_streams_and_ends_its_grpc_long_poll(
-    grpc_server: GrpcServer, rocketmq_setup: Any, stub: MessagingServiceStub
+    quiet_grpc_server: GrpcServer, rocketmq_setup: Any
 ) -> None:
+    """The receive waits before the token is revoked: it started the server's LISTEN
+    connection, which has run its catch-up check for it and idles. The streams are opened after
+    that check. Only the revocation's NOTIFY can end the receive and the stream then, within the
+    receive's 20 s (decision 0116)."""
+    server = quiet_grpc_server
     doomed, other = rocketmq_setup("-doomed"), rocketmq_setup("-spared")
-    doomed_stream = Telemetry(stub, signed(grpc_server, doomed, "doomed-host@1@0@producer"))
-    other_stream = Telemetry(stub, signed(grpc_server, other, "spared-host@1@0@producer"))
-    try:
-        assert doomed_stream.settings(doomed.topic).status.code == pb.Code.OK
-        assert other_stream.settings(other.topic).status.code == pb.Code.OK
-        receive = rpc.ReceiveMessageRequest(
-            group=pb.Resource(name=doomed.consumer),
-            message_queue=pb.MessageQueue(topic=pb.Resource(name=doomed.topic), id=-1),
-            long_polling_timeout={"seconds": 60},
-        )
-        meta = signed(grpc_server, doomed, "doomed-host@1@0@consumer")
-        with ThreadPoolExecutor(1) as pool:
-            poll = pool.submit(lambda: list(stub.ReceiveMessage(receive, metadata=meta)))
-            assert wait_until(lambda: waiting(doomed.topic, doomed.consumer), timeout=WAIT)
-            assert not poll.done()
+    receive = rpc.ReceiveMessageRequest(
+        group=pb.Resource(name=doomed.consumer),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=doomed.topic), id=-1),
+        long_polling_timeout={"seconds": 20},
+    )
+    meta = signed(server, doomed, "doomed-host@1@0@consumer")
+    with grpc.insecure_channel(server.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        since = database_now()
+        # Its exception, if any, is raised by result() (decision 0116).
+        poll = in_thread(lambda: list(stub.ReceiveMessage(receive, metadata=meta)))
+        hub_listening(f"{QUIET_GRPC}-wakeups", since=since)
+        assert not poll.done(), poll.result()  # ended before the revocation: its answer or error
+        doomed_stream = Telemetry(stub, signed(server, doomed, "doomed-host@1@0@producer"))
+        other_stream = Telemetry(stub, signed(server, other, "spared-host@1@0@producer"))
+        try:
+            assert doomed_stream.settings(doomed.topic).status.code == pb.Code.OK
+            assert other_stream.settings(other.topic).status.code == pb.Code.OK
+            assert not poll.done(), poll.result()
             registry.token_revoke(token_id=doomed.token_id)
+            # TimeoutError, or the answer of a wait that ran out: the revoked receive waited on.
             [answer] = poll.result(timeout=WAIT)
-        assert answer.status.code == pb.Code.UNAUTHORIZED, answer.status
-        assert "revoked" in answer.status.message
-        last = doomed_stream.next()
-        assert last is not None, "the stream ended without saying why"
-        assert last.status.code == pb.Code.UNAUTHORIZED, last
-        assert doomed_stream.next() is None, "the revoked token's stream is still open"
-        # Positive control: another token's stream is untouched.
-        assert other_stream.settings(other.topic).status.code == pb.Code.OK
-    finally:
-        doomed_stream.close()
-        other_stream.close()
+            assert answer.status.code == pb.Code.UNAUTHORIZED, answer.status
+            assert "revoked" in answer.status.message
+            last = doomed_stream.next()  # queue.Empty: the revoked token's stream is still open
+            assert last is not None, "the stream ended without saying why"
+            assert last.status.code == pb.Code.UNAUTHORIZED, last
+            assert doomed_stream.next() is None, "the revoked token's stream is still open"
+            # Positive control: another token's stream is untouched.
+            assert other_stream.settings(other.topic).status.code == pb.Code.OK
+        finally:
+            doomed_stream.close()
+            other_stream.close()
 
 
 @pytest.fixture

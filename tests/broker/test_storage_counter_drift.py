@@ -130,17 +130,24 @@ def test_the_counter_equals_a_full_sum_after_a_concurrent_mixed_workload(
     settings.TXHUB_RETENTION = 1
     stop = threading.Event()
     rng = random.Random(95)
+    # When each send committed, and when each deletion that deleted something returned.
+    sent: list[float] = []
+    delivered: list[float] = []
+    swept: list[float] = []
 
     def sender(topic: Topic, delayed: bool) -> None:
         while not stop.is_set():
             with transaction.atomic():  # commits up to a few measures after taking its ids
                 send(topic, due_in=0.2 if delayed else None)
                 time.sleep(rng.uniform(0, 0.3))
+            sent.append(time.monotonic())
 
     def deleter() -> None:
         while not stop.is_set():
-            delivery.delayed_deliver_due()
-            retention.retention_sweep(seconds=PROMPT)
+            if delivery.delayed_deliver_due():
+                delivered.append(time.monotonic())
+            if retention.retention_sweep(seconds=PROMPT)["commit_log"]:
+                swept.append(time.monotonic())
 
     def measurer() -> None:
         while not stop.is_set():
@@ -158,6 +165,11 @@ def test_the_counter_equals_a_full_sum_after_a_concurrent_mixed_workload(
     stop.set()
     for future in work:
         future.result(timeout=BOUND)  # an exception in any thread fails the test here
+    # Positive control (decision 0116): the workload was mixed. Delayed messages were delivered
+    # and log rows swept while the senders still sent, not only before or after them.
+    between = (min(sent), max(sent))
+    assert any(between[0] < at < between[1] for at in delivered), (between, delivered)
+    assert any(between[0] < at < between[1] for at in swept), (between, swept)
     storage_usage.storage_measure()
     storage_usage.storage_measure()
     assert truth()["shop"] > 0

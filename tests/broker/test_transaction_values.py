@@ -1,19 +1,24 @@
 """The values a transaction's resolution and resumption write and answer, at the REST door
 (docs/decisions/0111): a delay level's own seconds counted from the commit, a prepare's delivery
 time applied from the commit on, the same answer to a repeated commit, the prepare's born_at kept
-in the commit log, and a resume that empties the check count and makes the check due at once."""
+in the commit log, and a resume that empties the check count and makes the check due at once;
+and the prepare service's own check of a delivery time, whoever calls it (decision 0117)."""
 
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from apps.broker.limits import DELAY_LEVEL_SECONDS
-from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord
-from apps.broker.services import checkback
+from apps.broker.models import CommitLogEntry, DelayedMessage, HalfMessage, OpRecord, Resolver
+from apps.broker.services import checkback, registry, transactions
+from apps.broker.services.errors import BrokerError
+from apps.broker.services.sending import OutgoingMessage
+from apps.broker.services.transactions import Actor
 from tests.support.responses import assert_error, expect
 from tests.support.transactions import result
 
@@ -119,3 +124,39 @@ def test_a_committed_message_is_born_when_it_was_prepared(api: APIClient, setup_
         born_at, stored_at = born[tx["msg_id"]]
         assert datetime.fromisoformat(born_at) == datetime.fromisoformat(tx["born_at"])
         assert datetime.fromisoformat(stored_at) > datetime.fromisoformat(tx["born_at"])
+
+
+@pytest.mark.parametrize("deliver_at", ["past TXHUB_MAX_DELAY", "with a message group"])
+def test_the_prepare_service_checks_a_delivery_time_whoever_calls_it(
+    transactional_db: None, deliver_at: str
+) -> None:
+    """The rule is the prepare's own (docs/decisions/0117), not only its doors': a time past
+    TXHUB_MAX_DELAY, or any time for a message with a message group, is refused by the service
+    and nothing is stored; the same prepare an hour ahead is kept."""
+    topic = registry.topic_create(name="orders", queues=1)
+    group = registry.producer_group_create(name="shop")
+    grouped = deliver_at == "with a message group"
+    message = OutgoingMessage(
+        producer_group="shop",
+        body=b"refused",
+        body_is_binary=False,
+        message_group="order-9527" if grouped else "",
+    )
+    hour = timezone.now() + timedelta(hours=1)
+    too_late = timezone.now() + timedelta(seconds=settings.TXHUB_MAX_DELAY + 3600)
+    actor = Actor(Resolver.PRODUCER, "test")
+    with pytest.raises(BrokerError) as refused:
+        transactions.transaction_prepare(
+            producer_group=group,
+            topic=topic,
+            message=message,
+            actor=actor,
+            deliver_at=hour if grouped else too_late,
+        )
+    assert set(refused.value.details) == {"message_group" if grouped else "deliver_at"}
+    assert not HalfMessage.objects.exists()
+    kept = OutgoingMessage(producer_group="shop", body=b"kept", body_is_binary=False)
+    half = transactions.transaction_prepare(
+        producer_group=group, topic=topic, message=kept, actor=actor, deliver_at=hour
+    )
+    assert HalfMessage.objects.get().deliver_at == half.deliver_at == hour

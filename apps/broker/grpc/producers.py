@@ -140,11 +140,8 @@ def checked_message(caller: Caller, group: str, message: Any, *, start: datetime
     is_transaction = system.message_type == pb.TRANSACTION
     deliver_at: datetime | None = None
     if system.HasField("delivery_timestamp"):
-        if is_transaction:
-            raise Refusal(
-                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                "A transactional message has no delivery time.",
-            )
+        # A transaction's time applies from its commit on, as a REST prepare's deliver_at
+        # (docs/decisions/0117).
         deliver_at = delivery_time_of(outgoing, system.delivery_timestamp, start=start)
     epoch = caller.principal.config_epoch
     access.topic_allowed(kind="produce", group=group, topic=message.topic.name, epoch=epoch)
@@ -181,6 +178,7 @@ def stored_one(caller: Caller, producer_group: ProducerGroup, item: Checked) -> 
             topic=item.topic,
             message=item.message,
             actor=Actor(Resolver.PRODUCER, caller.principal.name),
+            deliver_at=item.deliver_at,
             msg_id=item.msg_id,
         )
         return rpc.SendResultEntry(

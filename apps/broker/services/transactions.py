@@ -30,7 +30,7 @@ from apps.broker.models import (
     TransactionState,
     new_msg_id,
 )
-from apps.broker.services import committing, half_rows, prepare_rows
+from apps.broker.services import committing, delivery, half_rows, prepare_rows
 from apps.broker.services.client_ids import held, refuse_recalled, stored_id_for
 from apps.broker.services.errors import BrokerError, Conflict, TransactionResolved
 from apps.broker.services.sending import (
@@ -149,9 +149,18 @@ def transaction_prepare_batch(
 ) -> list[HalfMessage]:
     """Half messages of one group and topic, all stored in one transaction or none (one INSERT
     for the halves, one for their PREPARE ops), in the order given."""
+    now = timezone.now()
+    for item in items:
+        # A delay is checked here, whichever door asks (TXHUB_MAX_DELAY, none with a message
+        # group), and applied from the commit on (docs/decisions/0117).
+        delivery.delivery_time(
+            message=item.message,
+            delay_level=item.delay_level,
+            deliver_at=item.deliver_at,
+            start=now,
+        )
     # A group at or over its storage quota stores nothing more (decision 0085), at every door.
     check_storage_quota(producer_group.name)
-    now = timezone.now()
     halves = []
     for item in items:
         msg_id = item.msg_id or new_msg_id()

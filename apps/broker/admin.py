@@ -10,11 +10,12 @@ from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_field
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import ExpressionWrapper, QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
-from apps.broker import limits
+from apps.broker import access, limits
 from apps.broker.admin_site import ShownLogEntry, ShownObject, named
 from apps.broker.models import (
     ApiToken,
@@ -314,6 +315,32 @@ class ConsumerGroupAdmin(BoundTopicsAdmin):
 class ApiTokenAdmin(ReadOnlyAdmin):
     list_display = ("name", "prefix", "scopes", "created_at", "revoked_at")
     exclude = ("token_hash",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
+        # Whether each token is still to be revoked, by the rule the revocation itself asks
+        # (access.not_revoked_by, decisions 0108 and 0114), as the console's tokens page does.
+        still_live = ExpressionWrapper(
+            access.not_revoked_by(timezone.now()), output_field=models.BooleanField()
+        )
+        tokens: QuerySet[ApiToken] = super().get_queryset(request)
+        return tokens.annotate(still_live=still_live)
+
+    def field_shown(self, request: HttpRequest, field: Any) -> Any:
+        # `revoked_at`, in the list and on the (read-only) page: a revocation scheduled for later
+        # reads "revokes at" its time, as on the console's tokens page (decision 0114).
+        if field != "revoked_at":
+            return super().field_shown(request, field)
+        column = ApiToken._meta.get_field("revoked_at")
+
+        @admin.display(description=column.verbose_name, ordering="revoked_at")
+        def revoked_at(token: ApiToken) -> str:
+            shown = str(display_for_field(token.revoked_at, column, self.get_empty_value_display()))
+            still_live: bool = token.still_live  # type: ignore[attr-defined]  # get_queryset's
+            if token.revoked_at is not None and still_live:
+                return f"revokes at {shown}"
+            return shown
+
+        return revoked_at
 
 
 @admin.register(AuditRecord)

@@ -2,23 +2,29 @@
 0093): the scan's claim passes over a row another transaction holds (SKIP LOCKED) instead of
 waiting for it, and a check sent on a producer's stream holds the half's row from its last read
 to its record, so a commit meanwhile lands after the check, never between (invariant 7), and the
-producer's answer to the check waits for that record and is applied as check-back's answer."""
+producer's answer to the check waits for that record and is applied as check-back's answer. The
+park scan counts, and its task logs, only the rows it parked: one a commit resolved between the
+scan's read and its lock is left as it is (decision 0110)."""
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
 from django.db import transaction
+from django.utils import timezone
 
-from apps.broker import failpoints
+from apps.broker import failpoints, tasks
 from apps.broker.models import GrpcClient, HalfMessage, OpRecord, Resolver
 from apps.broker.services import checkback, checkback_stream, clients, registry, transactions
 from apps.broker.services.transactions import Actor
+from tests.support.lock_waits import BOUND, until, waiting_for_a_lock
 from tests.support.own_connection import in_thread
 from tests.support.transactions import PRODUCER, make_due, make_group, prepare
 
@@ -138,3 +144,39 @@ def test_an_answer_arriving_while_its_check_is_sent_is_check_backs_answer(
     assert answer.result(timeout=30) == "COMMIT"  # not "producer": the check's record was seen
     committed = HalfMessage.objects.get(pk=half.pk)
     assert (committed.state, committed.resolved_by) == ("COMMITTED", "CHECK_BACK")
+
+
+def test_a_row_committed_between_the_park_scans_read_and_its_lock_is_not_counted(
+    transactional_db: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    group, topic = make_group(), registry.topic_create(name="orders", queues=1)
+    committed, stale = prepare(group, topic), prepare(group, topic)
+    HalfMessage.objects.filter(pk__in=[committed.pk, stale.pk]).update(
+        born_at=timezone.now() - timedelta(hours=100)
+    )
+    locked, go = threading.Event(), threading.Event()
+
+    def commit_holding_its_lock() -> None:
+        # The producer's commit, begun before the scan reaches the row and done while it waits.
+        with transaction.atomic():
+            HalfMessage.objects.select_for_update().get(pk=committed.pk)
+            locked.set()
+            assert go.wait(timeout=BOUND)
+            transactions.transaction_commit(transaction_id=committed.transaction_id, actor=PRODUCER)
+
+    holder = in_thread(commit_holding_its_lock)
+    assert locked.wait(timeout=BOUND)
+    caplog.set_level(logging.INFO, logger=tasks.logger.name)
+    scan = in_thread(tasks.checkback_scan)
+    try:
+        # The scan has read both stale rows and waits for the committing one's lock.
+        assert until(lambda: waiting_for_a_lock("FOR UPDATE OF h"))
+    finally:
+        go.set()
+    holder.result(timeout=30)
+    assert scan.result(timeout=30) == 0  # nothing was left to claim for a check
+    assert HalfMessage.objects.get(pk=committed.pk).state == "COMMITTED"
+    assert HalfMessage.objects.get(pk=stale.pk).state == "PARKED"
+    assert ops_of(committed) == ["PREPARE", "COMMIT"]
+    said = [r.getMessage() for r in caplog.records if r.name == tasks.logger.name]
+    assert said == ["checkback_scan: claimed 0, parked 1"], said

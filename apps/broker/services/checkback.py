@@ -176,8 +176,9 @@ def checkback_claim_next(*, after: int) -> list[int]:
 def checkback_park_stale() -> int:
     """PREPARED for longer than TXHUB_MAX_PENDING_AGE -> PARKED, whatever the checks said.
 
-    Row by row: a row that cannot be read back is logged, counted and skipped (scans.py), and the
-    claim that follows in the same scan still runs for every other group."""
+    Returns how many rows it parked (tasks.checkback_scan logs it). Row by row: a row that cannot
+    be read back is logged, counted and skipped (scans.py), and the claim that follows in the same
+    scan still runs for every other group."""
     # Postgres' clock, in the query itself (one statement a scan, not two).
     cutoff = Now() - timedelta(seconds=settings.TXHUB_MAX_PENDING_AGE)
     stale = HalfMessage.objects.filter(state=State.PREPARED, born_at__lt=cutoff).exclude(
@@ -188,13 +189,15 @@ def checkback_park_stale() -> int:
     for pk, transaction_id in rows:
         try:
             with transaction.atomic():
-                transactions.transaction_park(
+                # A row resolved between this scan's read and its lock is left as it is and
+                # not counted: the count is what the scan parked (docs/decisions/0110).
+                done = transactions.transaction_park(
                     transaction_id=transaction_id,
                     actor=SYSTEM,
                     reason=f"unresolved for longer than TXHUB_MAX_PENDING_AGE "
                     f"({settings.TXHUB_MAX_PENDING_AGE:.0f} s)",
                 )
-            parked += 1
+            parked += 1 if done else 0
         except scans.UNREADABLE as error:
             scans.row_failed("checkback_park_stale", pk, error)
     return parked

@@ -304,15 +304,18 @@ def transaction_resolve_batch(
 
 
 @transaction.atomic
-def transaction_park(*, transaction_id: uuid.UUID, actor: Actor, reason: str) -> HalfMessage:
-    """PREPARED -> PARKED: check-back gave up. Anything else is left as it is."""
+def transaction_park(*, transaction_id: uuid.UUID, actor: Actor, reason: str) -> bool:
+    """PREPARED -> PARKED: check-back gave up. Anything else is left as it is. True when this
+    call parked it, False when it found the row in another state (resolved meanwhile), so a
+    scan counts what it did (docs/decisions/0110)."""
     half = half_rows.lock(transaction_id, None)
-    if half.state == TransactionState.PREPARED:
-        half.state = TransactionState.PARKED
-        half.next_check_at = None
-        half.save(update_fields=["state", "next_check_at"])
-        _record(half, OpKind.PARK, actor, reason=reason)
-    return half
+    if half.state != TransactionState.PREPARED:
+        return False
+    half.state = TransactionState.PARKED
+    half.next_check_at = None
+    half.save(update_fields=["state", "next_check_at"])
+    _record(half, OpKind.PARK, actor, reason=reason)
+    return True
 
 
 @transaction.atomic

@@ -71,26 +71,14 @@ class ConsumerRpcs:
         remaining = context.time_remaining()
         since = asyncio.get_running_loop().time()
         try:
-            group, topic, seconds, received, plan = await as_caller(
-                context, _first_try, request, remaining
+            group, topic, seconds, received, plan = await _first_try_kept(
+                context, request, remaining
             )
             if plan is not None:
                 received = await wait_more(plan, since=since)
-        except Refusal as refused:
-            yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
-            return
-        except BrokerError as error:
-            # Not found here is the group, deleted since it was read (decision 0088): the topic's
-            # and an unknown group's refusals were made above, as Refusals.
-            mapped = refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
-            yield rpc.ReceiveMessageResponse(status=status(mapped.code, mapped.message))
-            return
         except Exception as error:
-            down = unavailable_refusal(error)
-            if down is None:
-                log.exception("gRPC ReceiveMessage failed")
-                down = Refusal(Code.INTERNAL_ERROR, "Internal error.")
-            yield rpc.ReceiveMessageResponse(status=status(down.code, down.message))
+            refused = _refusal_of_receive_failure(error)
+            yield rpc.ReceiveMessageResponse(status=status(refused.code, refused.message))
             return
         if not received:
             yield rpc.ReceiveMessageResponse(
@@ -213,12 +201,17 @@ async def _given_back(group: Any, unwritten: list[consuming.Received]) -> None:
     through the one change of invisible time. Shielded: grpc cancels the RPC's task when it sees
     the client gone, which may be while this runs. A failure only leaves them reserved until
     their own invisible time, as before: it is logged, and the stream ends as it was ending."""
+    giving = _giving_back_started(group, unwritten)
+    with contextlib.suppress(Exception):  # logged by _given_back_done
+        await asyncio.shield(giving)
+
+
+def _giving_back_started(group: Any, unwritten: list[consuming.Received]) -> asyncio.Task[None]:
     handles = [each.receipt_handle for each in unwritten]
     giving = asyncio.ensure_future(db(_change_invisible_each, group, handles))
     _giving_back.add(giving)
     giving.add_done_callback(_given_back_done)
-    with contextlib.suppress(Exception):  # logged by _given_back_done
-        await asyncio.shield(giving)
+    return giving
 
 
 def _given_back_done(giving: asyncio.Task[None]) -> None:
@@ -237,9 +230,56 @@ def _change_invisible_each(group: Any, receipt_handles: list[str]) -> None:
             continue  # no longer live (its invisible time ran out meanwhile): nothing to give
 
 
-def _first_try(
-    caller: Any, request: Any, remaining: float | None
-) -> tuple[Any, Any, int, list[consuming.Received], consuming.WaitPlan | None]:
+def _refusal_of_receive_failure(error: Exception) -> Refusal:
+    """What a receive that failed answers; an error of the server's own is logged here, once."""
+    if isinstance(error, Refusal):
+        return error
+    if isinstance(error, BrokerError):
+        # Not found here is the group, deleted since it was read (decision 0088): the topic's
+        # and an unknown group's refusals were made before, as Refusals.
+        return refusal_of(error, not_found=Code.CONSUMER_GROUP_NOT_FOUND)
+    down = unavailable_refusal(error)
+    if down is None:
+        log.error("gRPC ReceiveMessage failed", exc_info=error)
+        down = Refusal(Code.INTERNAL_ERROR, "Internal error.")
+    return down
+
+
+# A receive's first try: the group, the topic, the invisible seconds, what was found, and the
+# plan to wait on if nothing was.
+FirstTry = tuple[Any, Any, int, list[consuming.Received], consuming.WaitPlan | None]
+
+
+async def _first_try_kept(context: Any, request: Any, remaining: float | None) -> FirstTry:
+    """`_first_try` in the RPC's one thread hop, shielded from the RPC's cancellation: the thread
+    goes on when grpc cancels the RPC's task (the client left), and what it then reserves is
+    given back as a receive's unwritten messages are (docs/decisions/0115, its follow-up)."""
+    trying = asyncio.ensure_future(as_caller(context, _first_try, request, remaining))
+    try:
+        return await asyncio.shield(trying)
+    except asyncio.CancelledError:
+        trying.add_done_callback(_first_try_left)
+        raise
+
+
+def _first_try_left(trying: asyncio.Future[FirstTry]) -> None:
+    """A first try whose client left while it ran: what it reserved given back, a failure of the
+    server's own logged as if answered; one that found nothing gives back nothing."""
+    if trying.cancelled():
+        return
+    error = trying.exception()
+    if isinstance(error, Exception):
+        _refusal_of_receive_failure(error)  # logged there if the server's own; nobody to answer
+        return
+    if error is not None:
+        log.error("gRPC ReceiveMessage failed", exc_info=error)
+        return
+    group, _, _, received, _ = trying.result()
+    if received:
+        _giving_back_started(group, received)
+
+
+def _first_try(caller: Any, request: Any, remaining: float | None) -> FirstTry:
     """A receive up to its first try (waiting.first_try), in the RPC's one thread hop: the group,
     the topic, the invisible seconds, what was found, and the plan to wait on if nothing was."""
     group, topic, tags = _receive_target(caller, request)

@@ -63,6 +63,29 @@ def test_a_dripping_endpoint_is_cut_at_the_deadline(db: None, hostile: Any, kind
     assert outcome.reached is (kind == "drip-body")
 
 
+def test_an_endpoint_silent_after_its_headers_answered_and_uses_the_budget(
+    db: None, settings: Any
+) -> None:
+    """Headers, then nothing until the deadline: the call is cut there with no byte of the body
+    read, and the check counts as answered (it uses the check budget and does not back off)."""
+    settings.TXHUB_CHECK_HTTP_TIMEOUT = TIMEOUT
+    endpoint = HostileEndpoint("drip-body", interval=60)  # the first byte long after the deadline
+    try:
+        group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
+        half = prepare(group, topic)
+        make_due(half)
+        assert checkback.checkback_claim_due() == [half.pk]
+        assert checkback.checkback_run(half_id=half.pk) == "unknown"
+    finally:
+        endpoint.close()
+    assert (endpoint.requests, endpoint.sent) == (1, 0)  # the headers alone were sent
+    half.refresh_from_db()
+    assert (half.state, half.check_times, half.unreachable_checks) == ("PREPARED", 1, 0)
+    [check] = OpRecord.objects.filter(half=half, op="CHECK")
+    assert (check.detail["answer"], check.detail["reached"]) == ("UNKNOWN", True)
+    assert "TXHUB_CHECK_HTTP_TIMEOUT" in check.detail["error"]
+
+
 def test_a_50_mb_answer_is_not_read_whole_and_is_not_a_decision(db: None, hostile: Any) -> None:
     endpoint = hostile("huge")
     group, topic = make_group(endpoint.url), registry.topic_create(name="orders", queues=1)
@@ -262,6 +285,15 @@ def test_ipv6_forms_that_embed_ipv4_are_refused(slow_dns: SlowDns, address: str)
     slow_dns.arm(0.0, address)
     checked = slow_dns.run("url_check", url="https://producer.invalid/check")
     # Refused for the address the test's DNS server answered, not as a name that does not resolve
+    assert f"resolves to {ipaddress.ip_address(address)}," in checked.get("refused", ""), checked
+    assert slow_dns.asked == ["producer.invalid"]  # the answer came from the test's DNS server
+
+
+@pytest.mark.parametrize("address", ["224.0.0.251", "239.1.2.3", "ff0e::1", "ff02::fb"])
+def test_multicast_addresses_are_refused(slow_dns: SlowDns, address: str) -> None:
+    """Multicast addresses count as global to Python's ipaddress, so they are refused by name."""
+    slow_dns.arm(0.0, address)
+    checked = slow_dns.run("url_check", url="https://producer.invalid/check")
     assert f"resolves to {ipaddress.ip_address(address)}," in checked.get("refused", ""), checked
     assert slow_dns.asked == ["producer.invalid"]  # the answer came from the test's DNS server
 

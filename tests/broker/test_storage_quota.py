@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from apps.broker import storage_quota
 from apps.broker.services import delivery, registry, retention, storage_usage
 from tests.conftest import Server
-from tests.support.storage import measured, no_quota_published, stored_rows
+from tests.support.storage import counted_for_good, measured, no_quota_published, stored_rows
 
 __all__ = ["no_quota_published"]
 
@@ -155,8 +155,10 @@ def test_a_delayed_message_delivered_or_recalled_is_counted_once_where_it_went(
         answer = producer.post(send, message("order-service", delay_level=1), "json")
         assert answer.status_code == 201, answer.content
         ids.append(answer.json()["msg_id"])
-    measured()
-    measured()  # counted for good
+    # Counted for good, so their deletion is what takes them off (decision 0095): two measures
+    # alone left them in `recent`, re-summed each measure, and a recall that deleted its row
+    # without taking it off went unseen (decision 0111's R09).
+    counted_for_good()
     both = storage_usage.stored_bytes()["order-service"]
     assert both >= 2 * len(BODY)
     recall = producer.post(f"/api/v1/messages/{ids[0]}/recall", {}, "json")
